@@ -1,0 +1,12 @@
+"""executor: how a run happens.
+
+Owns the GraphExecutor (every run is a run of a LoadedClientGraph, cached by its sorted input/output/target
+names) and the RunHandler (the worker threads that run TensorFlow off the event loop). It depends on `loader/`
+for loaded SavedModels and errors, and on `transfer/` for moving inputs to a device; it knows nothing of
+protocols.
+"""
+
+from executor.graph_executor import GraphExecutor, LoadedClientGraph, client_graph_key
+from executor.run_handler import RunHandler
+
+__all__ = ["GraphExecutor", "LoadedClientGraph", "RunHandler", "client_graph_key"]

@@ -1,0 +1,26 @@
+"""loader: what is served.
+
+Owns reading SavedModels (TF1 and TF2, tag ``serve``) into a graph and session with their signatures, the
+layout of numbered version folders under a model's base path, the ModelManager that keeps the served versions,
+and the ServingError types every layer raises. It imports neither `server/` nor `executor/`.
+"""
+
+from loader.errors import InvalidArgument, LoadError, NotFound, ServingError
+from loader.manager import ModelManager, ServedVersion
+from loader.saved_model import SavedModelVersion, Signature, TensorSpec, load_saved_model
+from loader.versions import latest_version, list_versions
+
+__all__ = [
+    "InvalidArgument",
+    "LoadError",
+    "ModelManager",
+    "NotFound",
+    "SavedModelVersion",
+    "ServedVersion",
+    "ServingError",
+    "Signature",
+    "TensorSpec",
+    "latest_version",
+    "list_versions",
+    "load_saved_model",
+]

@@ -1,0 +1,43 @@
+"""Errors every layer raises, carrying a status code the protocol adapters translate.
+
+The codes are the names of gRPC's status codes; `server/` maps them to ``grpc.StatusCode`` and to HTTP codes.
+Keeping them here (the bottom layer) lets `loader/` and `executor/` raise them without importing gRPC.
+"""
+
+from __future__ import annotations
+
+
+class ServingError(Exception):
+    """An error a caller can act on: ``code`` says which kind, ``message`` says what and what was expected."""
+
+    code = "INTERNAL"
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidArgument(ServingError):
+    code = "INVALID_ARGUMENT"
+
+
+class NotFound(ServingError):
+    code = "NOT_FOUND"
+
+
+class FailedPrecondition(ServingError):
+    code = "FAILED_PRECONDITION"
+
+
+class ResourceExhausted(ServingError):
+    code = "RESOURCE_EXHAUSTED"
+
+
+class Unavailable(ServingError):
+    code = "UNAVAILABLE"
+
+
+class LoadError(ServingError):
+    """A model version could not be loaded; the message names the path and what is wrong with it."""
+
+    code = "FAILED_PRECONDITION"

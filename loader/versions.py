@@ -1,0 +1,34 @@
+"""A model's base path: numbered version folders, as TensorFlow Serving lays them out."""
+
+from __future__ import annotations
+
+import os
+
+from loader.errors import LoadError
+
+
+def list_versions(base_path: str) -> dict[int, str]:
+    """Map each numbered sub-folder of ``base_path`` to its path; other entries are ignored.
+
+    Raises LoadError when the base path is missing or holds no numbered folder.
+    """
+    if not os.path.isdir(base_path):
+        raise LoadError(f"model base path {base_path!r} does not exist or is not a directory")
+    versions = {}
+    for entry in os.listdir(base_path):
+        full = os.path.join(base_path, entry)
+        if entry.isdigit() and os.path.isdir(full):
+            versions[int(entry)] = full
+    if not versions:
+        raise LoadError(
+            f"model base path {base_path!r} holds no version folder: expected numbered sub-folders "
+            f"such as {os.path.join(base_path, '1')!r}, found {sorted(os.listdir(base_path))}"
+        )
+    return versions
+
+
+def latest_version(base_path: str) -> tuple[int, str]:
+    """The highest-numbered version under ``base_path`` and its path."""
+    versions = list_versions(base_path)
+    version = max(versions)
+    return version, versions[version]

@@ -1,0 +1,102 @@
+"""The `servex` command: TensorFlow Serving's flag names, parsed into ServerSettings.
+
+TensorFlow is imported only after the flags are parsed, so `servex --help` answers at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from server.settings import DEMO_MODEL_NAME, ServerSettings
+
+
+def _bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = ServerSettings()
+    p = argparse.ArgumentParser(
+        prog="servex",
+        description="Serve TensorFlow SavedModels over TensorFlow Serving's gRPC API. With no model flags, "
+        f"serves the bundled demo model as {DEMO_MODEL_NAME!r}.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--port", type=int, default=d.port, help="gRPC port")
+    p.add_argument("--rest_api_port", type=int, default=d.rest_api_port,
+                   help="REST port, 0 disables (the REST API is not served yet)")
+    p.add_argument("--metrics_port", type=int, default=d.metrics_port,
+                   help="port of the Prometheus /metrics endpoint, 0 disables")
+    p.add_argument("--bind_address", default=d.bind_address, help="address the ports bind to")
+    p.add_argument("--model_name", default=None,
+                   help="name the model is served under (default: 'default' with --model_base_path, "
+                   f"else {DEMO_MODEL_NAME!r})")
+    p.add_argument("--model_base_path", default=None,
+                   help="folder holding numbered version folders of a SavedModel; the highest loads "
+                   "(default: the bundled demo model)")
+    p.add_argument("--max_message_bytes", type=int, default=d.max_message_bytes,
+                   help="largest gRPC message received or sent, in bytes")
+    p.add_argument("--num_run_workers", type=int, default=d.num_run_workers,
+                   help="worker threads that run TensorFlow")
+    p.add_argument("--tensorflow_intra_op_parallelism", type=int, default=d.tensorflow_intra_op_parallelism,
+                   help="TensorFlow intra-op threads (0: TensorFlow decides)")
+    p.add_argument("--tensorflow_inter_op_parallelism", type=int, default=d.tensorflow_inter_op_parallelism,
+                   help="TensorFlow inter-op threads (0: TensorFlow decides)")
+    p.add_argument("--run_in_caller_thread", type=_bool, nargs="?", const=True, default=d.run_in_caller_thread,
+                   help="run graph ops on the run worker's own thread (lowest latency for small graphs); "
+                   "false hands them to TensorFlow's inter-op pool")
+    p.add_argument("--device", default=d.device, help="device inputs are transferred to: cpu")
+    p.add_argument("--tensor_content_outputs", type=_bool, nargs="?", const=True, default=d.tensor_content_outputs,
+                   help="encode Predict outputs in tensor_content rather than TensorFlow Serving's typed fields")
+    p.add_argument("--drain_seconds", type=float, default=d.drain_seconds,
+                   help="on SIGTERM/SIGINT, how long in-flight calls may take to finish")
+    p.add_argument("--log_level", default="INFO", help="Python logging level")
+    return p
+
+
+def parse_settings(argv: list[str] | None = None) -> tuple[ServerSettings, str]:
+    args = build_parser().parse_args(argv)
+    if args.model_name is not None and args.model_base_path is None:
+        build_parser().error("--model_name needs --model_base_path")
+    if args.model_base_path is not None:
+        name = args.model_name or "default"
+    else:
+        name = DEMO_MODEL_NAME
+    settings = ServerSettings(
+        port=args.port,
+        rest_api_port=args.rest_api_port,
+        metrics_port=args.metrics_port,
+        bind_address=args.bind_address,
+        model_name=name,
+        model_base_path=args.model_base_path or "",
+        max_message_bytes=args.max_message_bytes,
+        num_run_workers=args.num_run_workers,
+        tensorflow_intra_op_parallelism=args.tensorflow_intra_op_parallelism,
+        tensorflow_inter_op_parallelism=args.tensorflow_inter_op_parallelism,
+        run_in_caller_thread=args.run_in_caller_thread,
+        device=args.device,
+        tensor_content_outputs=args.tensor_content_outputs,
+        drain_seconds=args.drain_seconds,
+    )
+    return settings, args.log_level
+
+
+def main(argv: list[str] | None = None) -> None:
+    settings, log_level = parse_settings(argv)
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from server.app import run  # imports TensorFlow
+
+    sys.exit(run(settings))
+
+
+if __name__ == "__main__":
+    main()

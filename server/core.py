@@ -1,0 +1,121 @@
+"""ServingCore: the one data plane every protocol adapter calls.
+
+It resolves model, version and signature, checks the request's inputs against the signature (naming the alias,
+the expected dtype and shape, and what came), turns the signature run into a run by tensor names and hands it to
+the RunHandler, which runs it through the version's GraphExecutor. It knows NumPy arrays, not protobufs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from executor import GraphExecutor, RunHandler
+from loader.errors import InvalidArgument, NotFound
+from loader.manager import ModelManager, ServedVersion
+from loader.saved_model import Signature, TensorSpec, shape_matches, shape_text
+from server.tensors import dtype_name
+
+DEFAULT_SIGNATURE = "serving_default"
+
+
+@dataclass(frozen=True)
+class PredictResult:
+    model_name: str
+    version: int
+    signature_name: str
+    outputs: dict[str, np.ndarray]
+
+
+class ServingCore:
+    def __init__(self, manager: ModelManager[GraphExecutor], run_handler: RunHandler):
+        self.manager = manager
+        self.run_handler = run_handler
+
+    # -- resolution ------------------------------------------------------------------------------------
+
+    def resolve(self, name: str, version: int | None = None, label: str = "") -> ServedVersion[GraphExecutor]:
+        if not name:
+            raise InvalidArgument("model_spec.name is empty: name the model to call")
+        if label:
+            self.manager.get(name)  # an unknown model is reported as such first
+            raise NotFound(f"model {name!r} has no version label {label!r} (no version labels are configured)")
+        return self.manager.get(name, version)
+
+    def is_served(self, name: str) -> bool:
+        return name in self.manager.model_names()
+
+    @staticmethod
+    def signature(served: ServedVersion[GraphExecutor], name: str) -> Signature:
+        signatures = served.servable.model.signatures
+        sig = signatures.get(name or DEFAULT_SIGNATURE)
+        if sig is None:
+            raise NotFound(
+                f"model {served.name!r} version {served.version} has no signature {name or DEFAULT_SIGNATURE!r}; "
+                f"available signatures: {', '.join(sorted(signatures)) or 'none'}"
+            )
+        return sig
+
+    # -- predict ---------------------------------------------------------------------------------------
+
+    async def predict(
+        self,
+        name: str,
+        version: int | None,
+        label: str,
+        signature_name: str,
+        inputs: Mapping[str, np.ndarray],
+        output_filter: Sequence[str] = (),
+    ) -> PredictResult:
+        served = self.resolve(name, version, label)
+        sig = self.signature(served, signature_name)
+        feeds = self._feeds(served, sig, inputs)
+        aliases, fetches = self._fetches(served, sig, output_filter)
+        values = await self.run_handler.submit(served.servable.run, feeds, fetches)
+        return PredictResult(served.name, served.version, sig.name, dict(zip(aliases, values, strict=True)))
+
+    @staticmethod
+    def _where(served: ServedVersion, sig: Signature) -> str:
+        return f"model {served.name!r} version {served.version} signature {sig.name!r}"
+
+    def _feeds(self, served, sig: Signature, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        specs = sig.inputs
+        if inputs.keys() != specs.keys():
+            missing = sorted(specs.keys() - inputs.keys())
+            unknown = sorted(inputs.keys() - specs.keys())
+            expected = ", ".join(f"{a} ({s.describe()})" for a, s in sorted(specs.items())) or "none"
+            parts = ([f"missing input(s) {missing}"] if missing else []) + (
+                [f"unknown input(s) {unknown}"] if unknown else []
+            )
+            raise InvalidArgument(f"{self._where(served, sig)}: {'; '.join(parts)}; expected inputs: {expected}")
+        feeds = {}
+        for alias, value in inputs.items():
+            spec = specs[alias]
+            _check_input(self._where(served, sig), alias, spec, value)
+            feeds[spec.name] = value
+        return feeds
+
+    def _fetches(self, served, sig: Signature, output_filter: Sequence[str]) -> tuple[Sequence[str], Sequence[str]]:
+        if not output_filter:
+            return sig.output_aliases, sig.output_names
+        if len(set(output_filter)) != len(output_filter):
+            raise InvalidArgument(f"{self._where(served, sig)}: output_filter names an output twice: {list(output_filter)}")
+        unknown = [a for a in output_filter if a not in sig.outputs]
+        if unknown:
+            raise InvalidArgument(
+                f"{self._where(served, sig)}: output_filter names unknown output(s) {unknown}; "
+                f"outputs are: {', '.join(sig.output_aliases)}"
+            )
+        return output_filter, [sig.outputs[a].name for a in output_filter]
+
+
+def _check_input(where: str, alias: str, spec: TensorSpec, value: np.ndarray) -> None:
+    if value.dtype != spec.dtype:
+        raise InvalidArgument(
+            f"{where}: input {alias!r} expects dtype {spec.describe()}, got {dtype_name(value.dtype)} "
+            f"shape {list(value.shape)}"
+        )
+    if not shape_matches(spec.shape, value.shape):
+        raise InvalidArgument(f"{where}: input {alias!r} expects shape {shape_text(spec.shape)}, got {list(value.shape)}")

@@ -1,0 +1,53 @@
+"""ServerSettings: every setting of the process, typed, with its default and what it means.
+
+The CLI (server/cli.py) builds one from TensorFlow Serving's flag names; tests and embedders may build one
+directly.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from importlib import resources
+
+DEMO_MODEL_NAME = "demo"
+
+
+def demo_model_base_path() -> str:
+    """The small SavedModel shipped inside the distribution, served when no model is given."""
+    return str(resources.files("server") / "demo_model")
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    # gRPC port (TensorFlow Serving's --port).
+    port: int = 8500
+    # REST port; 0 disables it (the REST API is not served yet: the flag is accepted for compatibility).
+    rest_api_port: int = 8501
+    # Prometheus text exposition at /metrics on this port; 0 disables it.
+    metrics_port: int = 8502
+    # Address every port binds to.
+    bind_address: str = "0.0.0.0"
+    # Model served under this name from model_base_path (TensorFlow Serving's default name is "default").
+    model_name: str = DEMO_MODEL_NAME
+    # Folder of numbered version folders; the highest loads. Default: the bundled demo model.
+    model_base_path: str = ""
+    # Largest gRPC message accepted or sent, in bytes.
+    max_message_bytes: int = 256 * 1024 * 1024
+    # Worker threads that run TensorFlow (RunHandler); default: one per CPU core.
+    num_run_workers: int = max(1, os.cpu_count() or 1)
+    # TensorFlow's intra-op and inter-op thread pools (0: TensorFlow picks).
+    tensorflow_intra_op_parallelism: int = 0
+    tensorflow_inter_op_parallelism: int = 0
+    # Run a graph's ops on the worker thread itself instead of handing them to TensorFlow's inter-op pool
+    # (RunOptions.inter_op_thread_pool = -1): far less latency for small graphs.
+    run_in_caller_thread: bool = True
+    # Device the transfer executor targets ("cpu").
+    device: str = "cpu"
+    # Answer Predict outputs in tensor_content instead of TensorFlow Serving's typed *_val fields.
+    tensor_content_outputs: bool = False
+    # On SIGTERM/SIGINT: how long in-flight calls may take to finish before the process exits.
+    drain_seconds: float = 20.0
+
+    def resolved_model_base_path(self) -> str:
+        return self.model_base_path or demo_model_base_path()

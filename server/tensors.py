@@ -1,0 +1,137 @@
+"""TensorProto <-> NumPy, as TensorFlow Serving reads and writes them.
+
+Decoding: ``tensor_content`` becomes an array over the message's bytes with no further copy; the typed ``*_val``
+fields are read per dtype, and fewer values than the shape holds are padded with the last value, as TensorFlow's
+``Tensor::FromProto`` does (so one value broadcasts). No values at all for a non-empty shape, more values than
+the shape holds, or ``tensor_content`` of the wrong length are INVALID_ARGUMENT naming the tensor.
+
+Encoding: typed ``*_val`` fields by default, which is what TensorFlow Serving answers with and what clients that
+read ``float_val`` directly expect; ``tensor_content`` when asked for (smaller and faster for big outputs).
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
+
+from loader.errors import InvalidArgument
+
+DT = types_pb2.DataType
+
+# DataType -> (NumPy dtype, typed field, NumPy dtype of the field's values)
+_CODECS: dict[int, tuple[np.dtype, str, np.dtype]] = {
+    types_pb2.DT_FLOAT: (np.dtype(np.float32), "float_val", np.dtype(np.float32)),
+    types_pb2.DT_DOUBLE: (np.dtype(np.float64), "double_val", np.dtype(np.float64)),
+    types_pb2.DT_INT8: (np.dtype(np.int8), "int_val", np.dtype(np.int32)),
+    types_pb2.DT_INT16: (np.dtype(np.int16), "int_val", np.dtype(np.int32)),
+    types_pb2.DT_INT32: (np.dtype(np.int32), "int_val", np.dtype(np.int32)),
+    types_pb2.DT_INT64: (np.dtype(np.int64), "int64_val", np.dtype(np.int64)),
+    types_pb2.DT_UINT8: (np.dtype(np.uint8), "int_val", np.dtype(np.int32)),
+    types_pb2.DT_UINT16: (np.dtype(np.uint16), "int_val", np.dtype(np.int32)),
+    types_pb2.DT_UINT32: (np.dtype(np.uint32), "uint32_val", np.dtype(np.uint32)),
+    types_pb2.DT_UINT64: (np.dtype(np.uint64), "uint64_val", np.dtype(np.uint64)),
+    types_pb2.DT_BOOL: (np.dtype(np.bool_), "bool_val", np.dtype(np.bool_)),
+    types_pb2.DT_HALF: (np.dtype(np.float16), "half_val", np.dtype(np.uint16)),
+    types_pb2.DT_BFLOAT16: (np.dtype(ml_dtypes.bfloat16), "half_val", np.dtype(np.uint16)),
+    types_pb2.DT_COMPLEX64: (np.dtype(np.complex64), "scomplex_val", np.dtype(np.float32)),
+    types_pb2.DT_COMPLEX128: (np.dtype(np.complex128), "dcomplex_val", np.dtype(np.float64)),
+    types_pb2.DT_STRING: (np.dtype(object), "string_val", np.dtype(object)),
+}
+_ENUM_OF: dict[np.dtype, int] = {codec[0]: enum for enum, codec in _CODECS.items()}
+_ENUM_OF[np.dtype(np.bytes_)] = types_pb2.DT_STRING
+_ENUM_OF[np.dtype(np.str_)] = types_pb2.DT_STRING
+
+
+def dtype_name(dtype: np.dtype) -> str:
+    """TensorFlow's name for a NumPy dtype (``DT_FLOAT``), or the NumPy name when TensorFlow has none."""
+    enum = _ENUM_OF.get(np.dtype(dtype)) if np.dtype(dtype).kind not in "SU" else types_pb2.DT_STRING
+    return DT.Name(enum) if enum is not None else np.dtype(dtype).name
+
+
+def _shape(proto: tensor_pb2.TensorProto, name: str) -> tuple[int, ...]:
+    if proto.tensor_shape.unknown_rank:
+        raise InvalidArgument(f"input {name!r}: tensor_shape has unknown_rank set; a request tensor needs its shape")
+    shape = tuple(d.size for d in proto.tensor_shape.dim)
+    if any(d < 0 for d in shape):
+        raise InvalidArgument(f"input {name!r}: tensor_shape {list(shape)} has a negative dimension")
+    return shape
+
+
+def to_ndarray(proto: tensor_pb2.TensorProto, name: str) -> np.ndarray:
+    """Decode a request TensorProto; ``name`` (the input alias) is used in error messages."""
+    codec = _CODECS.get(proto.dtype)
+    if codec is None:
+        known = ", ".join(DT.Name(e) for e in _CODECS)
+        raise InvalidArgument(f"input {name!r}: dtype {DT.Name(proto.dtype) if proto.dtype in DT.values() else proto.dtype} "
+                              f"is not supported; supported dtypes: {known}")
+    dtype, field, field_dtype = codec
+    shape = _shape(proto, name)
+    count = int(np.prod(shape, dtype=np.int64))
+    content = proto.tensor_content
+    if content:
+        if proto.dtype == types_pb2.DT_STRING:
+            raise InvalidArgument(f"input {name!r}: DT_STRING tensors carry their values in string_val, not tensor_content")
+        if len(content) != count * dtype.itemsize:
+            raise InvalidArgument(
+                f"input {name!r}: tensor_content holds {len(content)} bytes, but {DT.Name(proto.dtype)} of shape "
+                f"{list(shape)} needs {count * dtype.itemsize} ({count} x {dtype.itemsize} bytes)"
+            )
+        return np.frombuffer(content, dtype=dtype).reshape(shape)
+    values = getattr(proto, field)
+    per_element = 2 if field in ("scomplex_val", "dcomplex_val") else 1
+    have = len(values) // per_element
+    if count == 0:
+        if have:
+            raise InvalidArgument(f"input {name!r}: shape {list(shape)} holds no element but {have} values were sent")
+        return np.empty(shape, dtype=dtype)
+    if have == 0:
+        raise InvalidArgument(
+            f"input {name!r}: no values: shape {list(shape)} needs {count} values in {field} or in tensor_content"
+        )
+    if have > count or len(values) % per_element:
+        raise InvalidArgument(
+            f"input {name!r}: {field} holds {have} values, more than the {count} of shape {list(shape)}"
+        )
+    if field_dtype == object:
+        flat = np.empty(have, dtype=object)
+        flat[:] = list(values)
+    elif field == "half_val":  # 16-bit patterns carried in int32s
+        flat = np.array(values, dtype=np.int32).astype(np.uint16).view(dtype)
+    else:
+        flat = np.array(values, dtype=field_dtype)
+        if field_dtype != dtype:
+            flat = flat.view(dtype) if per_element == 2 else flat.astype(dtype)
+    if have < count:  # TensorFlow pads with the last value: a single value broadcasts
+        flat = np.concatenate([flat, np.full(count - have, flat[-1], dtype=dtype)])
+    return flat.reshape(shape)
+
+
+def fill_proto(proto: tensor_pb2.TensorProto, array: np.ndarray, tensor_content: bool = False) -> None:
+    """Write ``array`` into ``proto`` (a fresh TensorProto, e.g. a response map entry)."""
+    dtype = array.dtype
+    enum = _ENUM_OF.get(dtype)
+    if enum is None:
+        if dtype.kind not in "SU":
+            raise InvalidArgument(f"output dtype {dtype.name} has no TensorFlow equivalent")
+        enum = types_pb2.DT_STRING
+    proto.dtype = enum
+    proto.tensor_shape.CopyFrom(tensor_shape_pb2.TensorShapeProto(
+        dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=d) for d in array.shape]))
+    if enum == types_pb2.DT_STRING:
+        flat = array.ravel().tolist()
+        proto.string_val.extend(v.encode() if isinstance(v, str) else v for v in flat)
+        return
+    if tensor_content:
+        proto.tensor_content = np.ascontiguousarray(array).tobytes()
+        return
+    _, field, field_dtype = _CODECS[enum]
+    if field == "half_val" or field in ("scomplex_val", "dcomplex_val"):
+        array = np.ascontiguousarray(array).view(field_dtype)
+    getattr(proto, field).extend(array.ravel().tolist())
+
+
+def from_ndarray(array: np.ndarray, tensor_content: bool = False) -> tensor_pb2.TensorProto:
+    proto = tensor_pb2.TensorProto()
+    fill_proto(proto, np.asarray(array), tensor_content)
+    return proto

@@ -1,0 +1,126 @@
+"""TensorFlow Serving's gRPC API (PredictionService, ModelService) over the ServingCore.
+
+Thin: decode the request's protobufs into NumPy, call the core, encode the answer. Every ServingError becomes the
+gRPC status it names, with its message; anything unexpected becomes INTERNAL and is logged.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+
+import grpc
+from google.protobuf import any_pb2
+from tensorflow_serving.apis import (
+    get_model_metadata_pb2,
+    get_model_status_pb2,
+    model_service_pb2_grpc,
+    predict_pb2,
+    prediction_service_pb2_grpc,
+)
+
+from loader.errors import InvalidArgument, ServingError
+from loader.saved_model import HIDDEN_SIGNATURES
+from server import metrics, tensors
+from server.core import ServingCore
+
+log = logging.getLogger(__name__)
+
+UNKNOWN_MODEL_LABEL = "_unknown"
+
+
+def rpc(method):
+    """Map ServingErrors to gRPC statuses and record the request's metrics."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    async def wrapper(self, request, context):
+        start = time.perf_counter()
+        model = request.model_spec.name
+        code = "OK"
+        try:
+            return await method(self, request, context)
+        except ServingError as e:
+            code = e.code
+            await context.abort(getattr(grpc.StatusCode, e.code), e.message)
+        except Exception as e:
+            code = "INTERNAL"
+            log.exception("%s failed", name)
+            await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {name}: {type(e).__name__}: {e}")
+        finally:
+            label = model if self.core.is_served(model) else UNKNOWN_MODEL_LABEL
+            metrics.observe(name, label, code, time.perf_counter() - start)
+
+    return wrapper
+
+
+def _version(spec) -> int | None:
+    return spec.version.value if spec.HasField("version") else None
+
+
+class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
+    def __init__(self, core: ServingCore, tensor_content_outputs: bool = False):
+        self.core = core
+        self.tensor_content_outputs = tensor_content_outputs
+
+    @rpc
+    async def Predict(self, request: predict_pb2.PredictRequest, context) -> predict_pb2.PredictResponse:
+        spec = request.model_spec
+        inputs = {alias: tensors.to_ndarray(proto, alias) for alias, proto in request.inputs.items()}
+        result = await self.core.predict(
+            spec.name, _version(spec), spec.version_label, spec.signature_name, inputs, request.output_filter
+        )
+        response = predict_pb2.PredictResponse()
+        response.model_spec.name = result.model_name
+        response.model_spec.version.value = result.version
+        response.model_spec.signature_name = result.signature_name
+        for alias, value in result.outputs.items():
+            tensors.fill_proto(response.outputs[alias], value, self.tensor_content_outputs)
+        return response
+
+    @rpc
+    async def GetModelMetadata(self, request: get_model_metadata_pb2.GetModelMetadataRequest, context):
+        fields = list(request.metadata_field)
+        if not fields:
+            raise InvalidArgument("metadata_field is empty: ask for 'signature_def'")
+        unsupported = [f for f in fields if f != "signature_def"]
+        if unsupported:
+            raise InvalidArgument(f"metadata_field {unsupported} is not supported; supported: ['signature_def']")
+        spec = request.model_spec
+        served = self.core.resolve(spec.name, _version(spec), spec.version_label)
+        signature_map = get_model_metadata_pb2.SignatureDefMap()
+        for name, sig in served.servable.model.meta_graph.signature_def.items():
+            if name not in HIDDEN_SIGNATURES:
+                signature_map.signature_def[name].CopyFrom(sig)
+        packed = any_pb2.Any()
+        packed.Pack(signature_map)
+        response = get_model_metadata_pb2.GetModelMetadataResponse()
+        response.model_spec.name = served.name
+        response.model_spec.version.value = served.version
+        response.metadata["signature_def"].CopyFrom(packed)
+        return response
+
+
+class ModelService(model_service_pb2_grpc.ModelServiceServicer):
+    def __init__(self, core: ServingCore):
+        self.core = core
+
+    @rpc
+    async def GetModelStatus(self, request: get_model_status_pb2.GetModelStatusRequest, context):
+        spec = request.model_spec
+        version = _version(spec)
+        if version is not None or spec.version_label:
+            versions = [self.core.resolve(spec.name, version, spec.version_label)]
+        else:
+            versions = self.core.manager.versions(spec.name)
+        response = get_model_status_pb2.GetModelStatusResponse()
+        for served in versions:
+            status = response.model_version_status.add()
+            status.version = served.version
+            status.state = get_model_status_pb2.ModelVersionStatus.State.Value(served.state)
+            status.status.error_code = 0  # OK
+        return response
+
+    async def HandleReloadConfigRequest(self, request, context):
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "HandleReloadConfigRequest is not supported yet")
