@@ -19,9 +19,10 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 import numpy as np
+import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2
 
-from loader.errors import InvalidArgument
+from loader.errors import InvalidArgument, error_with_code
 from loader.saved_model import SavedModelVersion, shape_matches, shape_text
 from transfer import H2DTransferExecutorFactory, make_factory
 
@@ -72,9 +73,7 @@ class _Plan:
 
 def _check_feed(spec: FeedSpec, value: np.ndarray) -> None:
     if value.dtype != spec.dtype:
-        raise InvalidArgument(
-            f"input tensor {spec.name!r}: expected dtype {spec.dtype.name}, got {value.dtype.name}"
-        )
+        raise InvalidArgument(f"input tensor {spec.name!r}: expected dtype {spec.dtype.name}, got {value.dtype.name}")
     if not shape_matches(spec.shape, value.shape):
         raise InvalidArgument(
             f"input tensor {spec.name!r}: expected shape {shape_text(spec.shape)}, got {list(value.shape)}"
@@ -102,7 +101,9 @@ class GraphExecutor:
 
     # -- the cache -------------------------------------------------------------------------------------
 
-    def client_graph(self, feeds: Sequence[str], fetches: Sequence[str], targets: Sequence[str] = ()) -> LoadedClientGraph:
+    def client_graph(
+        self, feeds: Sequence[str], fetches: Sequence[str], targets: Sequence[str] = ()
+    ) -> LoadedClientGraph:
         """The LoadedClientGraph for these names, built on first use; any name order gives the same one."""
         return self._get_or_build(client_graph_key(feeds, fetches, targets), feeds, fetches, targets)
 
@@ -139,7 +140,6 @@ class GraphExecutor:
 
     def _build(self, key: str, feeds, fetches, targets) -> LoadedClientGraph:
         start = time.perf_counter()
-        g = self.model.graph
         if len(set(feeds)) != len(feeds):
             raise InvalidArgument(f"a tensor is fed more than once: {sorted(feeds)}")
         feed_tensors = [self._tensor(n, "feed") for n in sorted(feeds)]
@@ -207,7 +207,10 @@ class GraphExecutor:
             pending = [h2d.schedule(v) for v in ordered]
             h2d.run()
             ordered = [f.result() for f in pending]
-        results = graph.run(ordered)
+        try:
+            results = graph.run(ordered)
+        except tf.errors.OpError as e:  # TensorFlow's own check failed: keep its status code and words
+            raise error_with_code(e.error_code, f"running {graph.key!r} failed: {e.message}") from e
         return [results[i] for i in plan.fetch_index]
 
     def _plan(self, feeds: tuple[str, ...], fetches: tuple[str, ...], targets: tuple[str, ...]) -> _Plan:

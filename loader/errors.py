@@ -17,6 +17,35 @@ class ServingError(Exception):
         self.message = message
 
 
+# gRPC's (and TensorFlow's) status codes by number.
+CODE_NAMES = (
+    "OK",
+    "CANCELLED",
+    "UNKNOWN",
+    "INVALID_ARGUMENT",
+    "DEADLINE_EXCEEDED",
+    "NOT_FOUND",
+    "ALREADY_EXISTS",
+    "PERMISSION_DENIED",
+    "RESOURCE_EXHAUSTED",
+    "FAILED_PRECONDITION",
+    "ABORTED",
+    "OUT_OF_RANGE",
+    "UNIMPLEMENTED",
+    "INTERNAL",
+    "UNAVAILABLE",
+    "DATA_LOSS",
+    "UNAUTHENTICATED",
+)
+
+
+def error_with_code(code: int, message: str) -> ServingError:
+    """A ServingError carrying status ``code`` by number (e.g. a TensorFlow OpError's ``error_code``)."""
+    error = ServingError(message)
+    error.code = CODE_NAMES[code] if 0 < code < len(CODE_NAMES) else "UNKNOWN"
+    return error
+
+
 class InvalidArgument(ServingError):
     code = "INVALID_ARGUMENT"
 

@@ -30,7 +30,9 @@ class ServedVersion(Generic[S]):
 
 
 class ModelManager(Generic[S]):
-    def __init__(self, make_servable: Callable[[str, int, str], S], close_servable: Callable[[S], None] = lambda s: None):
+    def __init__(
+        self, make_servable: Callable[[str, int, str], S], close_servable: Callable[[S], None] = lambda s: None
+    ):
         self._make = make_servable
         self._close = close_servable
         self._lock = threading.Lock()
@@ -56,9 +58,7 @@ class ModelManager(Generic[S]):
             return versions[max(versions)]
         found = versions.get(version)
         if found is None:
-            raise NotFound(
-                f"model {name!r} has no version {version} (available versions: {sorted(versions)})"
-            )
+            raise NotFound(f"model {name!r} has no version {version} (available versions: {sorted(versions)})")
         return found
 
     def versions(self, name: str) -> list[ServedVersion[S]]:

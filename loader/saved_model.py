@@ -46,10 +46,17 @@ def shape_text(shape: tuple[int | None, ...] | None) -> str:
 
 
 def shape_matches(static: tuple[int | None, ...] | None, actual: tuple[int, ...]) -> bool:
-    """Whether a concrete shape fits a static one (None dims and unknown rank match anything)."""
+    """Whether a concrete shape fits a signature's static shape.
+
+    Rank and every dimension after the 0th must agree (None and unknown rank match anything). The 0th
+    dimension is the batch dimension and takes any size, as TensorFlow Serving lets it: signatures exported with a
+    fixed batch (TF2's half_plus_two declares x as [1]) still serve other batch sizes.
+    """
     if static is None:
         return True
-    return len(static) == len(actual) and all(d is None or d == a for d, a in zip(static, actual, strict=True))
+    if len(static) != len(actual):
+        return False
+    return all(d is None or d == a for d, a in zip(static[1:], actual[1:], strict=True))
 
 
 @dataclass(frozen=True)
@@ -79,9 +86,11 @@ class SavedModelVersion:
 
 def _tensor_spec(info: meta_graph_pb2.TensorInfo, where: str) -> TensorSpec:
     if info.WhichOneof("encoding") != "name":
-        raise LoadError(f"{where}: only dense tensors are supported, this one is encoded as {info.WhichOneof('encoding')}")
-    shape = None
-    if not info.tensor_shape.unknown_rank:
+        raise LoadError(
+            f"{where}: only dense tensors are supported, this one is encoded as {info.WhichOneof('encoding')}"
+        )
+    shape = None  # old exports leave tensor_shape out entirely: unknown, like unknown_rank
+    if info.HasField("tensor_shape") and not info.tensor_shape.unknown_rank:
         shape = tuple(None if d.size < 0 else d.size for d in info.tensor_shape.dim)
     dtype = tf.dtypes.as_dtype(info.dtype)
     return TensorSpec(name=info.name, dtype_enum=info.dtype, dtype=np.dtype(dtype.as_numpy_dtype), shape=shape)

@@ -16,7 +16,12 @@ import grpc
 import tensorflow as tf
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from tensorflow_serving.apis import model_service_pb2, model_service_pb2_grpc, prediction_service_pb2, prediction_service_pb2_grpc
+from tensorflow_serving.apis import (
+    model_service_pb2,
+    model_service_pb2_grpc,
+    prediction_service_pb2,
+    prediction_service_pb2_grpc,
+)
 
 from executor import GraphExecutor, RunHandler
 from loader import LoadError, ModelManager, load_saved_model

@@ -31,33 +31,70 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--port", type=int, default=d.port, help="gRPC port")
-    p.add_argument("--rest_api_port", type=int, default=d.rest_api_port,
-                   help="REST port, 0 disables (the REST API is not served yet)")
-    p.add_argument("--metrics_port", type=int, default=d.metrics_port,
-                   help="port of the Prometheus /metrics endpoint, 0 disables")
+    p.add_argument(
+        "--rest_api_port",
+        type=int,
+        default=d.rest_api_port,
+        help="REST port, 0 disables (the REST API is not served yet)",
+    )
+    p.add_argument(
+        "--metrics_port", type=int, default=d.metrics_port, help="port of the Prometheus /metrics endpoint, 0 disables"
+    )
     p.add_argument("--bind_address", default=d.bind_address, help="address the ports bind to")
-    p.add_argument("--model_name", default=None,
-                   help="name the model is served under (default: 'default' with --model_base_path, "
-                   f"else {DEMO_MODEL_NAME!r})")
-    p.add_argument("--model_base_path", default=None,
-                   help="folder holding numbered version folders of a SavedModel; the highest loads "
-                   "(default: the bundled demo model)")
-    p.add_argument("--max_message_bytes", type=int, default=d.max_message_bytes,
-                   help="largest gRPC message received or sent, in bytes")
-    p.add_argument("--num_run_workers", type=int, default=d.num_run_workers,
-                   help="worker threads that run TensorFlow")
-    p.add_argument("--tensorflow_intra_op_parallelism", type=int, default=d.tensorflow_intra_op_parallelism,
-                   help="TensorFlow intra-op threads (0: TensorFlow decides)")
-    p.add_argument("--tensorflow_inter_op_parallelism", type=int, default=d.tensorflow_inter_op_parallelism,
-                   help="TensorFlow inter-op threads (0: TensorFlow decides)")
-    p.add_argument("--run_in_caller_thread", type=_bool, nargs="?", const=True, default=d.run_in_caller_thread,
-                   help="run graph ops on the run worker's own thread (lowest latency for small graphs); "
-                   "false hands them to TensorFlow's inter-op pool")
+    p.add_argument(
+        "--model_name",
+        default=None,
+        help=f"name the model is served under (default: 'default' with --model_base_path, else {DEMO_MODEL_NAME!r})",
+    )
+    p.add_argument(
+        "--model_base_path",
+        default=None,
+        help="folder holding numbered version folders of a SavedModel; the highest loads "
+        "(default: the bundled demo model)",
+    )
+    p.add_argument(
+        "--max_message_bytes",
+        type=int,
+        default=d.max_message_bytes,
+        help="largest gRPC message received or sent, in bytes",
+    )
+    p.add_argument("--num_run_workers", type=int, default=d.num_run_workers, help="worker threads that run TensorFlow")
+    p.add_argument(
+        "--tensorflow_intra_op_parallelism",
+        type=int,
+        default=d.tensorflow_intra_op_parallelism,
+        help="TensorFlow intra-op threads (0: TensorFlow decides)",
+    )
+    p.add_argument(
+        "--tensorflow_inter_op_parallelism",
+        type=int,
+        default=d.tensorflow_inter_op_parallelism,
+        help="TensorFlow inter-op threads (0: TensorFlow decides)",
+    )
+    p.add_argument(
+        "--run_in_caller_thread",
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=d.run_in_caller_thread,
+        help="run graph ops on the run worker's own thread (lowest latency for small graphs); "
+        "false hands them to TensorFlow's inter-op pool",
+    )
     p.add_argument("--device", default=d.device, help="device inputs are transferred to: cpu")
-    p.add_argument("--tensor_content_outputs", type=_bool, nargs="?", const=True, default=d.tensor_content_outputs,
-                   help="encode Predict outputs in tensor_content rather than TensorFlow Serving's typed fields")
-    p.add_argument("--drain_seconds", type=float, default=d.drain_seconds,
-                   help="on SIGTERM/SIGINT, how long in-flight calls may take to finish")
+    p.add_argument(
+        "--tensor_content_outputs",
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=d.tensor_content_outputs,
+        help="encode Predict outputs in tensor_content rather than TensorFlow Serving's typed fields",
+    )
+    p.add_argument(
+        "--drain_seconds",
+        type=float,
+        default=d.drain_seconds,
+        help="on SIGTERM/SIGINT, how long in-flight calls may take to finish",
+    )
     p.add_argument("--log_level", default="INFO", help="Python logging level")
     return p
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from executor import GraphExecutor, RunHandler
-from loader.errors import InvalidArgument, NotFound
+from loader.errors import FailedPrecondition, InvalidArgument, NotFound
 from loader.manager import ModelManager, ServedVersion
 from loader.saved_model import Signature, TensorSpec, shape_matches, shape_text
 from server.tensors import dtype_name
@@ -51,8 +51,8 @@ class ServingCore:
     def signature(served: ServedVersion[GraphExecutor], name: str) -> Signature:
         signatures = served.servable.model.signatures
         sig = signatures.get(name or DEFAULT_SIGNATURE)
-        if sig is None:
-            raise NotFound(
+        if sig is None:  # TensorFlow Serving answers FAILED_PRECONDITION here too
+            raise FailedPrecondition(
                 f"model {served.name!r} version {served.version} has no signature {name or DEFAULT_SIGNATURE!r}; "
                 f"available signatures: {', '.join(sorted(signatures)) or 'none'}"
             )
@@ -101,7 +101,9 @@ class ServingCore:
         if not output_filter:
             return sig.output_aliases, sig.output_names
         if len(set(output_filter)) != len(output_filter):
-            raise InvalidArgument(f"{self._where(served, sig)}: output_filter names an output twice: {list(output_filter)}")
+            raise InvalidArgument(
+                f"{self._where(served, sig)}: output_filter names an output twice: {list(output_filter)}"
+            )
         unknown = [a for a in output_filter if a not in sig.outputs]
         if unknown:
             raise InvalidArgument(
@@ -118,4 +120,6 @@ def _check_input(where: str, alias: str, spec: TensorSpec, value: np.ndarray) ->
             f"shape {list(value.shape)}"
         )
     if not shape_matches(spec.shape, value.shape):
-        raise InvalidArgument(f"{where}: input {alias!r} expects shape {shape_text(spec.shape)}, got {list(value.shape)}")
+        raise InvalidArgument(
+            f"{where}: input {alias!r} expects shape {shape_text(spec.shape)}, got {list(value.shape)}"
+        )

@@ -63,15 +63,19 @@ def to_ndarray(proto: tensor_pb2.TensorProto, name: str) -> np.ndarray:
     codec = _CODECS.get(proto.dtype)
     if codec is None:
         known = ", ".join(DT.Name(e) for e in _CODECS)
-        raise InvalidArgument(f"input {name!r}: dtype {DT.Name(proto.dtype) if proto.dtype in DT.values() else proto.dtype} "
-                              f"is not supported; supported dtypes: {known}")
+        raise InvalidArgument(
+            f"input {name!r}: dtype {DT.Name(proto.dtype) if proto.dtype in DT.values() else proto.dtype} "
+            f"is not supported; supported dtypes: {known}"
+        )
     dtype, field, field_dtype = codec
     shape = _shape(proto, name)
     count = int(np.prod(shape, dtype=np.int64))
     content = proto.tensor_content
     if content:
         if proto.dtype == types_pb2.DT_STRING:
-            raise InvalidArgument(f"input {name!r}: DT_STRING tensors carry their values in string_val, not tensor_content")
+            raise InvalidArgument(
+                f"input {name!r}: DT_STRING tensors carry their values in string_val, not tensor_content"
+            )
         if len(content) != count * dtype.itemsize:
             raise InvalidArgument(
                 f"input {name!r}: tensor_content holds {len(content)} bytes, but {DT.Name(proto.dtype)} of shape "
@@ -93,7 +97,7 @@ def to_ndarray(proto: tensor_pb2.TensorProto, name: str) -> np.ndarray:
         raise InvalidArgument(
             f"input {name!r}: {field} holds {have} values, more than the {count} of shape {list(shape)}"
         )
-    if field_dtype == object:
+    if field_dtype.kind == "O":
         flat = np.empty(have, dtype=object)
         flat[:] = list(values)
     elif field == "half_val":  # 16-bit patterns carried in int32s
@@ -116,8 +120,9 @@ def fill_proto(proto: tensor_pb2.TensorProto, array: np.ndarray, tensor_content:
             raise InvalidArgument(f"output dtype {dtype.name} has no TensorFlow equivalent")
         enum = types_pb2.DT_STRING
     proto.dtype = enum
-    proto.tensor_shape.CopyFrom(tensor_shape_pb2.TensorShapeProto(
-        dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=d) for d in array.shape]))
+    proto.tensor_shape.CopyFrom(
+        tensor_shape_pb2.TensorShapeProto(dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=d) for d in array.shape])
+    )
     if enum == types_pb2.DT_STRING:
         flat = array.ravel().tolist()
         proto.string_val.extend(v.encode() if isinstance(v, str) else v for v in flat)

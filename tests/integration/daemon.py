@@ -1,0 +1,97 @@
+"""Start the real servex daemon as a subprocess on free loopback ports, and wait until it serves."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from tests.conftest import REPO
+
+START_TIMEOUT_S = 120
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Daemon:
+    """A running `servex` process; ``args`` are its flags beyond the ports and bind address."""
+
+    def __init__(self, args: list[str], log_dir: Path):
+        self.port = free_port()
+        self.metrics_port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.log_path = log_dir / f"servex-{self.port}.log"
+        self._log = open(self.log_path, "wb")
+        cmd = [
+            sys.executable,
+            "-m",
+            "server",
+            f"--port={self.port}",
+            f"--metrics_port={self.metrics_port}",
+            "--rest_api_port=0",
+            "--bind_address=127.0.0.1",
+            *args,
+        ]
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        self.channel = grpc.insecure_channel(self.address)
+
+    def log(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def wait_serving(self, timeout: float = START_TIMEOUT_S) -> Daemon:
+        stub = health_pb2_grpc.HealthStub(self.channel)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"servex exited with {self.proc.returncode} before serving:\n{self.log()}")
+            try:
+                reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return self
+            except grpc.RpcError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"servex did not become SERVING within {timeout}s:\n{self.log()}")
+
+    def wait_exit(self, timeout: float = 60) -> int:
+        return self.proc.wait(timeout)
+
+    def stop(self) -> int:
+        self.channel.close()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+
+def run_to_exit(args: list[str], timeout: float = START_TIMEOUT_S) -> subprocess.CompletedProcess:
+    """Run servex with ``args`` (expected to exit on its own) and return its outcome."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "server",
+        f"--port={free_port()}",
+        f"--metrics_port={free_port()}",
+        "--rest_api_port=0",
+        "--bind_address=127.0.0.1",
+        *args,
+    ]
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)

@@ -1,0 +1,159 @@
+"""The servex process: CLI, the bundled demo model, version selection, start-up failures, limits, drain."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+import tensorflow as tf
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+from server.cli import build_parser
+from tests.conftest import BAD_HALF_PLUS_TWO, HALF_PLUS_TWO_TF1, TESTDATA
+from tests.integration.daemon import Daemon, run_to_exit
+
+
+def predict(channel, model: str, inputs: dict, timeout: float = 10) -> predict_pb2.PredictResponse:
+    req = predict_pb2.PredictRequest()
+    req.model_spec.name = model
+    for alias, value in inputs.items():
+        req.inputs[alias].CopyFrom(tf.make_tensor_proto(value))
+    return prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(req, timeout=timeout)
+
+
+def test_help_documents_every_flag():
+    script = Path(sys.executable).parent / "servex"
+    out = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    flags = [opt for action in build_parser()._actions for opt in action.option_strings if opt.startswith("--")]
+    for flag in ["--port", "--model_name", "--model_base_path", "--rest_api_port", "--metrics_port"]:
+        assert flag in flags
+    for flag in flags:
+        assert flag in out.stdout, f"{flag} missing from --help"
+    assert all(action.help for action in build_parser()._actions), "a flag has no help text"
+    assert "(default: 8500)" in out.stdout and "(default: 8501)" in out.stdout and "(default: 8502)" in out.stdout
+
+
+def test_no_model_flags_serve_the_bundled_demo_model(start_daemon):
+    daemon = start_daemon()
+    reply = predict(daemon.channel, "demo", {"x": np.array([1.0, 2.0, 5.0], np.float32)})
+    assert tf.make_ndarray(reply.outputs["y"]).tolist() == [2.5, 3.0, 4.5]
+    assert reply.model_spec.version.value == 1
+
+
+def test_highest_numbered_version_loads(start_daemon, tmp_path):
+    # 9 sorts after 10 as text; servex compares numbers, as TensorFlow Serving does.
+    shutil.copytree(HALF_PLUS_TWO_TF1 / "00000123", tmp_path / "9")
+    shutil.copytree(TESTDATA / "saved_model_half_plus_three" / "00000123", tmp_path / "10")
+    (tmp_path / "not_a_version").mkdir()
+    daemon = start_daemon(f"--model_base_path={tmp_path}", "--model_name=hp")
+    reply = predict(daemon.channel, "hp", {"x": np.array([[1.0], [2.0]], np.float32)})
+    assert reply.model_spec.version.value == 10
+    assert tf.make_ndarray(reply.outputs["y"]).ravel().tolist() == [3.5, 4.0]  # half_plus_three
+
+
+@pytest.mark.parametrize(
+    "make_base, fragments",
+    [
+        (lambda tmp: BAD_HALF_PLUS_TWO, [str(BAD_HALF_PLUS_TWO / "00000123"), "saved_model.pb", "export.meta"]),
+        (lambda tmp: tmp / "missing", ["missing", "does not exist"]),
+        (lambda tmp: tmp, ["holds no version folder"]),
+        (lambda tmp: _corrupt_model(tmp), ["corrupt", "1", "cannot load SavedModel"]),
+        (lambda tmp: _truncated_variables(tmp), ["truncated", "cannot load SavedModel"]),
+    ],
+    ids=["bad_half_plus_two", "missing-path", "no-versions", "corrupt-pb", "truncated-variables"],
+)
+def test_a_model_that_does_not_load_stops_the_process_with_a_clear_error(tmp_path, make_base, fragments):
+    base = make_base(tmp_path)
+    out = run_to_exit([f"--model_base_path={base}"])
+    assert out.returncode != 0
+    text = out.stdout + out.stderr
+    assert "did not load" in text
+    for fragment in fragments:
+        assert fragment in text
+
+
+def _corrupt_model(tmp: Path) -> Path:
+    version = tmp / "corrupt" / "1"
+    shutil.copytree(HALF_PLUS_TWO_TF1 / "00000123", version)
+    (version / "saved_model.pb").write_bytes(b"\x0a\xff\xff\xff this is not a protobuf")
+    return version.parent
+
+
+def _truncated_variables(tmp: Path) -> Path:
+    version = tmp / "truncated" / "1"
+    shutil.copytree(HALF_PLUS_TWO_TF1 / "00000123", version)
+    data = next((version / "variables").glob("variables.data-*"))
+    data.write_bytes(data.read_bytes()[:3])
+    return version.parent
+
+
+def test_message_size_limit_gives_resource_exhausted_and_keeps_serving(start_daemon):
+    daemon = start_daemon("--max_message_bytes=4096")
+    with pytest.raises(grpc.RpcError) as info:
+        predict(daemon.channel, "demo", {"x": np.ones(4000, np.float32)})
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "4096" in info.value.details() or "larger than max" in info.value.details()
+    assert tf.make_ndarray(predict(daemon.channel, "demo", {"x": np.ones(8, np.float32)}).outputs["y"]).tolist() == [
+        2.5
+    ] * 8
+
+
+@pytest.fixture(scope="module")
+def slow_model(tmp_path_factory) -> Path:
+    """A model whose run takes as long as the caller asks: it counts to ``iterations`` in a while loop."""
+
+    class Slow(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([], tf.int64, name="iterations")])
+        def serve(self, iterations):
+            _, count = tf.while_loop(
+                lambda i, c: i < iterations,
+                lambda i, c: (i + 1, c + 1),
+                (tf.constant(0, tf.int64), tf.constant(0, tf.int64)),
+            )
+            return {"count": count}
+
+    base = tmp_path_factory.mktemp("slow")
+    module = Slow()
+    tf.saved_model.save(module, str(base / "1"), signatures={"serving_default": module.serve})
+    return base
+
+
+def test_sigterm_finishes_in_flight_calls_refuses_new_ones_and_exits_zero(slow_model, tmp_path):
+    daemon = Daemon([f"--model_base_path={slow_model}", "--model_name=slow"], tmp_path).wait_serving()
+    iterations = 400_000  # about a second on this machine
+    outcome = {}
+
+    def call():
+        channel = grpc.insecure_channel(daemon.address)
+        try:
+            reply = predict(channel, "slow", {"iterations": np.array(iterations, np.int64)}, timeout=60)
+            outcome["count"] = int(tf.make_ndarray(reply.outputs["count"]))
+        except grpc.RpcError as e:
+            outcome["error"] = e
+        finally:
+            channel.close()
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    time.sleep(0.3)  # the call is running
+    daemon.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.2)
+    health = health_pb2_grpc.HealthStub(daemon.channel)
+    with pytest.raises(grpc.RpcError) as refused:  # no new calls while draining
+        health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    caller.join(60)
+    assert outcome.get("count") == iterations, outcome
+    assert daemon.wait_exit(60) == 0
+    assert "draining" in daemon.log() and "servex stopped" in daemon.log()
+    daemon.stop()
