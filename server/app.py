@@ -65,7 +65,7 @@ async def serve(settings: ServerSettings) -> int:
     run_handler = RunHandler(settings.num_run_workers)
     core = ServingCore(manager, run_handler)
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
-        PredictionService(core, settings.tensor_content_outputs), server
+        PredictionService(core, settings.tensor_content_outputs, settings.max_message_bytes), server
     )
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelService(core), server)
     health_servicer = health.aio.HealthServicer()

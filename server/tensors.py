@@ -11,11 +11,13 @@ read ``float_val`` directly expect; ``tensor_content`` when asked for (smaller a
 
 from __future__ import annotations
 
+import math
+
 import ml_dtypes
 import numpy as np
 from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
 
-from loader.errors import InvalidArgument
+from loader.errors import InvalidArgument, ResourceExhausted
 
 DT = types_pb2.DataType
 
@@ -39,8 +41,7 @@ _CODECS: dict[int, tuple[np.dtype, str, np.dtype]] = {
     types_pb2.DT_STRING: (np.dtype(object), "string_val", np.dtype(object)),
 }
 _ENUM_OF: dict[np.dtype, int] = {codec[0]: enum for enum, codec in _CODECS.items()}
-_ENUM_OF[np.dtype(np.bytes_)] = types_pb2.DT_STRING
-_ENUM_OF[np.dtype(np.str_)] = types_pb2.DT_STRING
+_MAX_ELEMENTS = 2**63 - 1  # TensorFlow's limit on a tensor's element count
 
 
 def dtype_name(dtype: np.dtype) -> str:
@@ -58,8 +59,12 @@ def _shape(proto: tensor_pb2.TensorProto, name: str) -> tuple[int, ...]:
     return shape
 
 
-def to_ndarray(proto: tensor_pb2.TensorProto, name: str) -> np.ndarray:
-    """Decode a request TensorProto; ``name`` (the input alias) is used in error messages."""
+def to_ndarray(proto: tensor_pb2.TensorProto, name: str, max_bytes: int | None = None) -> np.ndarray:
+    """Decode a request TensorProto; ``name`` (the input alias) is used in error messages.
+
+    ``max_bytes`` bounds the decoded tensor, so that a few typed values broadcast over a huge shape cannot make
+    a small message allocate without limit (RESOURCE_EXHAUSTED beyond it).
+    """
     codec = _CODECS.get(proto.dtype)
     if codec is None:
         known = ", ".join(DT.Name(e) for e in _CODECS)
@@ -69,7 +74,14 @@ def to_ndarray(proto: tensor_pb2.TensorProto, name: str) -> np.ndarray:
         )
     dtype, field, field_dtype = codec
     shape = _shape(proto, name)
-    count = int(np.prod(shape, dtype=np.int64))
+    count = math.prod(shape)  # Python ints: no silent int64 wrap-around
+    if count > _MAX_ELEMENTS:
+        raise InvalidArgument(f"input {name!r}: shape {list(shape)} holds {count} elements, more than a tensor can")
+    if max_bytes is not None and count * dtype.itemsize > max_bytes:
+        raise ResourceExhausted(
+            f"input {name!r}: shape {list(shape)} of {DT.Name(proto.dtype)} decodes to {count * dtype.itemsize} "
+            f"bytes, more than the limit of {max_bytes} (--max_message_bytes)"
+        )
     content = proto.tensor_content
     if content:
         if proto.dtype == types_pb2.DT_STRING:
@@ -93,7 +105,11 @@ def to_ndarray(proto: tensor_pb2.TensorProto, name: str) -> np.ndarray:
         raise InvalidArgument(
             f"input {name!r}: no values: shape {list(shape)} needs {count} values in {field} or in tensor_content"
         )
-    if have > count or len(values) % per_element:
+    if len(values) % per_element:
+        raise InvalidArgument(
+            f"input {name!r}: {field} holds {len(values)} numbers, not a whole number of (real, imaginary) pairs"
+        )
+    if have > count:
         raise InvalidArgument(
             f"input {name!r}: {field} holds {have} values, more than the {count} of shape {list(shape)}"
         )

@@ -60,14 +60,16 @@ def _version(spec) -> int | None:
 
 
 class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
-    def __init__(self, core: ServingCore, tensor_content_outputs: bool = False):
+    def __init__(self, core: ServingCore, tensor_content_outputs: bool = False, max_tensor_bytes: int | None = None):
         self.core = core
         self.tensor_content_outputs = tensor_content_outputs
+        self.max_tensor_bytes = max_tensor_bytes
 
     @rpc
     async def Predict(self, request: predict_pb2.PredictRequest, context) -> predict_pb2.PredictResponse:
         spec = request.model_spec
-        inputs = {alias: tensors.to_ndarray(proto, alias) for alias, proto in request.inputs.items()}
+        limit = self.max_tensor_bytes
+        inputs = {alias: tensors.to_ndarray(proto, alias, limit) for alias, proto in request.inputs.items()}
         result = await self.core.predict(
             spec.name, _version(spec), spec.version_label, spec.signature_name, inputs, request.output_filter
         )

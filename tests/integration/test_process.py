@@ -157,3 +157,22 @@ def test_sigterm_finishes_in_flight_calls_refuses_new_ones_and_exits_zero(slow_m
     assert daemon.wait_exit(60) == 0
     assert "draining" in daemon.log() and "servex stopped" in daemon.log()
     daemon.stop()
+
+
+def test_broadcast_beyond_the_message_limit_is_refused_and_serving_goes_on(start_daemon):
+    daemon = start_daemon("--max_message_bytes=1048576")
+    req = predict_pb2.PredictRequest()
+    req.model_spec.name = "demo"
+    x = req.inputs["x"]
+    x.dtype = tf.float32.as_datatype_enum
+    x.tensor_shape.dim.add(size=1 << 30)  # one value, broadcast over 4 GiB
+    x.float_val.append(1.0)
+    stub = prediction_service_pb2_grpc.PredictionServiceStub(daemon.channel)
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Predict(req, timeout=10)
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "'x'" in info.value.details() and "1048576" in info.value.details()
+    assert tf.make_ndarray(predict(daemon.channel, "demo", {"x": np.ones(2, np.float32)}).outputs["y"]).tolist() == [
+        2.5,
+        2.5,
+    ]
