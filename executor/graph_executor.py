@@ -33,9 +33,20 @@ VARIABLE_OPS = frozenset({"VariableV2", "Variable", "VarHandleOp"})
 _MAX_PLANS = 4096
 
 
+Key = tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]
+
+
+def cache_key(feeds: Sequence[str], fetches: Sequence[str], targets: Sequence[str] = ()) -> Key:
+    """The cache's key: sorted feeds, sorted unique fetches, sorted unique targets, as tuples.
+
+    Tuples, not the joined string, so that names containing ``-`` or ``^`` (legal in op names) never collide.
+    """
+    return tuple(sorted(feeds)), tuple(sorted(set(fetches))), tuple(sorted(set(targets)))
+
+
 def client_graph_key(feeds: Sequence[str], fetches: Sequence[str], targets: Sequence[str] = ()) -> str:
-    """TFRT's key: ``sorted feeds ^ sorted fetches ^ sorted targets``, names joined by ``-``."""
-    return "^".join("-".join(sorted(names)) for names in (feeds, fetches, targets))
+    """TFRT's printed key: ``sorted feeds ^ sorted fetches ^ sorted targets``, names joined by ``-``."""
+    return "^".join("-".join(names) for names in cache_key(feeds, fetches, targets))
 
 
 @dataclass(frozen=True)
@@ -66,7 +77,7 @@ class LoadedClientGraph:
 class _Plan:
     """How one caller's name order maps onto a client graph's sorted order."""
 
-    key: str
+    key: Key
     feed_order: tuple[int, ...]  # caller's feed positions, in the graph's sorted feed order
     fetch_index: tuple[int, ...]  # for each caller fetch, its position in the graph's sorted fetches
 
@@ -94,8 +105,8 @@ class GraphExecutor:
         self._transfer = transfer or make_factory("cpu")
         self._run_in_caller_thread = run_in_caller_thread
         self._lock = threading.Lock()
-        self._graphs: dict[str, LoadedClientGraph] = {}
-        self._building: dict[str, Future] = {}
+        self._graphs: dict[Key, LoadedClientGraph] = {}
+        self._building: dict[Key, Future] = {}
         self._plans: dict[tuple, _Plan] = {}
         self.builds = 0
 
@@ -105,13 +116,14 @@ class GraphExecutor:
         self, feeds: Sequence[str], fetches: Sequence[str], targets: Sequence[str] = ()
     ) -> LoadedClientGraph:
         """The LoadedClientGraph for these names, built on first use; any name order gives the same one."""
-        return self._get_or_build(client_graph_key(feeds, fetches, targets), feeds, fetches, targets)
+        return self._get_or_build(cache_key(feeds, fetches, targets))
 
     def cached_keys(self) -> list[str]:
+        """The printed keys of the built client graphs."""
         with self._lock:
-            return sorted(self._graphs)
+            return sorted(graph.key for graph in self._graphs.values())
 
-    def _get_or_build(self, key: str, feeds, fetches, targets) -> LoadedClientGraph:
+    def _get_or_build(self, key: Key) -> LoadedClientGraph:
         graph = self._graphs.get(key)
         if graph is not None:
             return graph
@@ -126,7 +138,7 @@ class GraphExecutor:
         if not builder:
             return future.result()
         try:
-            graph = self._build(key, feeds, fetches, targets)
+            graph = self._build(key)
         except BaseException as e:
             with self._lock:
                 del self._building[key]
@@ -138,22 +150,25 @@ class GraphExecutor:
         future.set_result(graph)
         return graph
 
-    def _build(self, key: str, feeds, fetches, targets) -> LoadedClientGraph:
+    def _build(self, key: Key) -> LoadedClientGraph:
         start = time.perf_counter()
+        feeds, fetch_names, target_names = key
         if len(set(feeds)) != len(feeds):
-            raise InvalidArgument(f"a tensor is fed more than once: {sorted(feeds)}")
-        feed_tensors = [self._tensor(n, "feed") for n in sorted(feeds)]
-        fetch_names = tuple(sorted(set(fetches)))
+            raise InvalidArgument(f"a tensor is fed more than once: {list(feeds)}")
+        feed_tensors = [self._tensor(n, "feed") for n in feeds]
         fetch_tensors = [self._tensor(n, "fetch") for n in fetch_names]
-        target_names = tuple(sorted(set(targets)))
         target_ops = [self._operation(n) for n in target_names]
+        printed = client_graph_key(*key)
         options = config_pb2.CallableOptions(feed=[t.name for t in feed_tensors], fetch=list(fetch_names))
         options.target.extend(target_names)
         if self._run_in_caller_thread:
             options.run_options.inter_op_thread_pool = -1
         # Session.MakeCallable prunes the graph to what these feeds/fetches/targets need and builds its
         # executors now, so the first run pays nothing more.
-        fn = self.model.session._make_callable_from_options(options)
+        try:
+            fn = self.model.session._make_callable_from_options(options)
+        except tf.errors.OpError as e:  # e.g. a tensor both fed and fetched
+            raise error_with_code(e.error_code, f"cannot build client graph {printed!r}: {e.message}") from e
         specs = tuple(
             FeedSpec(
                 name=t.name,
@@ -165,8 +180,8 @@ class GraphExecutor:
         variables = _variables_read(fetch_tensors, target_ops, feed_tensors)
         seconds = time.perf_counter() - start
         self.builds += 1
-        log.debug("built client graph %s in %.3fs (reads %d variables)", key, seconds, len(variables))
-        return LoadedClientGraph(key, specs, fetch_names, target_names, variables, seconds, fn)
+        log.debug("built client graph %s in %.3fs (reads %d variables)", printed, seconds, len(variables))
+        return LoadedClientGraph(printed, specs, fetch_names, target_names, variables, seconds, fn)
 
     def _tensor(self, name: str, role: str):
         try:
@@ -197,7 +212,7 @@ class GraphExecutor:
         plan = self._plans.get(plan_key)
         if plan is None:
             plan = self._plan(names, plan_key[1], plan_key[2])
-        graph = self._graphs.get(plan.key) or self._get_or_build(plan.key, names, plan_key[1], plan_key[2])
+        graph = self._graphs.get(plan.key) or self._get_or_build(plan.key)
         values = list(inputs.values())
         ordered = [values[i] for i in plan.feed_order]
         for spec, value in zip(graph.feeds, ordered, strict=True):
@@ -214,12 +229,11 @@ class GraphExecutor:
         return [results[i] for i in plan.fetch_index]
 
     def _plan(self, feeds: tuple[str, ...], fetches: tuple[str, ...], targets: tuple[str, ...]) -> _Plan:
-        key = client_graph_key(feeds, fetches, targets)
-        sorted_fetches = sorted(set(fetches))
+        key = cache_key(feeds, fetches, targets)
         plan = _Plan(
             key=key,
             feed_order=tuple(sorted(range(len(feeds)), key=feeds.__getitem__)),
-            fetch_index=tuple(sorted_fetches.index(n) for n in fetches),
+            fetch_index=tuple(key[1].index(n) for n in fetches),
         )
         if len(self._plans) >= _MAX_PLANS:
             self._plans.clear()

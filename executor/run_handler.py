@@ -21,6 +21,8 @@ def _deliver(future: asyncio.Future, ok: bool, value) -> None:
         return
     if ok:
         future.set_result(value)
+    elif isinstance(value, StopIteration):  # asyncio refuses to carry StopIteration through a future
+        future.set_exception(RuntimeError(f"run raised StopIteration: {value!r}"))
     else:
         future.set_exception(value)
 
@@ -30,6 +32,7 @@ class RunHandler:
         if num_workers < 1:
             raise ValueError(f"num_workers must be at least 1, got {num_workers}")
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._closed = False
         self._threads = [
             threading.Thread(target=self._work, name=f"servex-run-{i}", daemon=True) for i in range(num_workers)
         ]
@@ -38,6 +41,8 @@ class RunHandler:
 
     def submit(self, fn: Callable, *args) -> asyncio.Future:
         """Queue ``fn(*args)``; the returned future (on the running loop) completes with its result."""
+        if self._closed:
+            raise RuntimeError("RunHandler is closed")
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         self._queue.put((loop, future, fn, args))
@@ -61,7 +66,8 @@ class RunHandler:
                 log.debug("run finished after its event loop closed")
 
     def close(self) -> None:
-        """Let queued work finish, then stop the workers."""
+        """Let queued work finish, then stop the workers; later submits raise RuntimeError."""
+        self._closed = True
         for _ in self._threads:
             self._queue.put(None)
         for t in self._threads:

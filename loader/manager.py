@@ -44,7 +44,10 @@ class ModelManager(Generic[S]):
         servable = self._make(name, version, path)
         served = ServedVersion(name, version, path, servable)
         with self._lock:
-            self._models.setdefault(name, {})[version] = served
+            replaced = self._models.setdefault(name, {}).get(version)
+            self._models[name][version] = served
+        if replaced is not None:
+            self._close(replaced.servable)
         log.info("serving model %r version %d from %s", name, version, path)
         return served
 

@@ -17,7 +17,7 @@ def list_versions(base_path: str) -> dict[int, str]:
     versions = {}
     for entry in os.listdir(base_path):
         full = os.path.join(base_path, entry)
-        if entry.isdigit() and os.path.isdir(full):
+        if entry.isascii() and entry.isdigit() and os.path.isdir(full):  # ASCII only: '²' is no version
             versions[int(entry)] = full
     if not versions:
         raise LoadError(

@@ -103,9 +103,10 @@ def test_message_size_limit_gives_resource_exhausted_and_keeps_serving(start_dae
         predict(daemon.channel, "demo", {"x": np.ones(4000, np.float32)})
     assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "4096" in info.value.details() or "larger than max" in info.value.details()
-    assert tf.make_ndarray(predict(daemon.channel, "demo", {"x": np.ones(8, np.float32)}).outputs["y"]).tolist() == [
-        2.5
-    ] * 8
+    assert (
+        tf.make_ndarray(predict(daemon.channel, "demo", {"x": np.ones(8, np.float32)}).outputs["y"]).tolist()
+        == [2.5] * 8
+    )
 
 
 @pytest.fixture(scope="module")

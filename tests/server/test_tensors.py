@@ -23,10 +23,21 @@ BF16 = np.dtype(tf.bfloat16.as_numpy_dtype)
 assert BF16 == np.dtype(ml_dtypes.bfloat16)
 
 NUMERIC = [
-    np.dtype(np.float32), np.dtype(np.float64),
-    np.dtype(np.int8), np.dtype(np.int16), np.dtype(np.int32), np.dtype(np.int64),
-    np.dtype(np.uint8), np.dtype(np.uint16), np.dtype(np.uint32), np.dtype(np.uint64),
-    np.dtype(np.bool_), np.dtype(np.float16), BF16, np.dtype(np.complex64), np.dtype(np.complex128),
+    np.dtype(np.float32),
+    np.dtype(np.float64),
+    np.dtype(np.int8),
+    np.dtype(np.int16),
+    np.dtype(np.int32),
+    np.dtype(np.int64),
+    np.dtype(np.uint8),
+    np.dtype(np.uint16),
+    np.dtype(np.uint32),
+    np.dtype(np.uint64),
+    np.dtype(np.bool_),
+    np.dtype(np.float16),
+    BF16,
+    np.dtype(np.complex64),
+    np.dtype(np.complex128),
 ]
 STRING = np.dtype(object)
 ALL = [*NUMERIC, STRING]
@@ -48,8 +59,9 @@ def _enum(dtype: np.dtype) -> int:
 def _pool(dtype: np.dtype) -> np.ndarray:
     """Values that exercise each dtype's edges (extremes, signed zero, subnormals, inf, NaN, odd bytes)."""
     if dtype == STRING:
-        return np.array([b"", b"abc", b"\x00\xff\xfe", "h\u00e9llo w\u00f6rld".encode(), b"x" * 300, b"\n"],
-                        dtype=object)
+        return np.array(
+            [b"", b"abc", b"\x00\xff\xfe", "h\u00e9llo w\u00f6rld".encode(), b"x" * 300, b"\n"], dtype=object
+        )
     if dtype.kind == "b":
         return np.array([True, False, False, True, True, False, True], dtype=dtype)
     if dtype.kind in "iu":
@@ -57,11 +69,35 @@ def _pool(dtype: np.dtype) -> np.ndarray:
         return np.array([0, 1, info.max, info.min, 42, info.max // 3, info.min // 3, info.max - 1], dtype=dtype)
     if dtype.kind == "c":
         part = ml_dtypes.finfo(np.float32 if dtype.itemsize == 8 else np.float64)
-        return np.array([complex(1.5, -2), complex(0, 0), complex(-0.0, 1e-3), complex(part.max, -part.max),
-                         complex(np.inf, 1), complex(2, -np.inf), complex(part.tiny, 7)], dtype=dtype)
+        return np.array(
+            [
+                complex(1.5, -2),
+                complex(0, 0),
+                complex(-0.0, 1e-3),
+                complex(part.max, -part.max),
+                complex(np.inf, 1),
+                complex(2, -np.inf),
+                complex(part.tiny, 7),
+            ],
+            dtype=dtype,
+        )
     info = ml_dtypes.finfo(dtype)
-    return np.array([0.0, -0.0, 1.5, -2.25, float(info.max), float(info.smallest_subnormal), float(info.tiny),
-                     np.inf, -np.inf, np.nan, -float(info.max)], dtype=dtype)
+    return np.array(
+        [
+            0.0,
+            -0.0,
+            1.5,
+            -2.25,
+            float(info.max),
+            float(info.smallest_subnormal),
+            float(info.tiny),
+            np.inf,
+            -np.inf,
+            np.nan,
+            -float(info.max),
+        ],
+        dtype=dtype,
+    )
 
 
 def _sample(dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
@@ -95,11 +131,22 @@ def _shaped(dtype_enum: int, shape, **fields) -> tensor_pb2.TensorProto:
 
 # The test's own statement of TensorProto's typed fields (tensor.proto), independent of server/tensors.py.
 TYPED_FIELD = {
-    "float32": "float_val", "float64": "double_val",
-    "int8": "int_val", "int16": "int_val", "int32": "int_val", "uint8": "int_val", "uint16": "int_val",
-    "int64": "int64_val", "uint32": "uint32_val", "uint64": "uint64_val", "bool": "bool_val",
-    "float16": "half_val", "bfloat16": "half_val",
-    "complex64": "scomplex_val", "complex128": "dcomplex_val", "object": "string_val",
+    "float32": "float_val",
+    "float64": "double_val",
+    "int8": "int_val",
+    "int16": "int_val",
+    "int32": "int_val",
+    "uint8": "int_val",
+    "uint16": "int_val",
+    "int64": "int64_val",
+    "uint32": "uint32_val",
+    "uint64": "uint64_val",
+    "bool": "bool_val",
+    "float16": "half_val",
+    "bfloat16": "half_val",
+    "complex64": "scomplex_val",
+    "complex128": "dcomplex_val",
+    "object": "string_val",
 }
 
 
@@ -166,23 +213,44 @@ def test_decode_typed_fields(dtype, shape):
 @pytest.mark.parametrize(
     ("dtype_enum", "field", "values", "expected"),
     [
-        (types_pb2.DT_HALF, "half_val", [0x3C00, 0xC000, 0x7C00, 0x0001, 0x8000], np.array(
-            [1.0, -2.0, np.inf, 2.0 ** -24, -0.0], dtype=np.float16)),
-        (types_pb2.DT_BFLOAT16, "half_val", [0x3F80, 0xC040, 0xFF80, 0x0001], np.array(
-            [1.0, -3.0, -np.inf, 2.0 ** -133], dtype=BF16)),
-        (types_pb2.DT_COMPLEX64, "scomplex_val", [1.0, 2.0, -3.5, 0.25], np.array([1 + 2j, -3.5 + 0.25j],
-                                                                                  dtype=np.complex64)),
+        (
+            types_pb2.DT_HALF,
+            "half_val",
+            [0x3C00, 0xC000, 0x7C00, 0x0001, 0x8000],
+            np.array([1.0, -2.0, np.inf, 2.0**-24, -0.0], dtype=np.float16),
+        ),
+        (
+            types_pb2.DT_BFLOAT16,
+            "half_val",
+            [0x3F80, 0xC040, 0xFF80, 0x0001],
+            np.array([1.0, -3.0, -np.inf, 2.0**-133], dtype=BF16),
+        ),
+        (
+            types_pb2.DT_COMPLEX64,
+            "scomplex_val",
+            [1.0, 2.0, -3.5, 0.25],
+            np.array([1 + 2j, -3.5 + 0.25j], dtype=np.complex64),
+        ),
         (types_pb2.DT_COMPLEX128, "dcomplex_val", [1e300, -1e-300], np.array([1e300 - 1e-300j], dtype=np.complex128)),
         (types_pb2.DT_UINT8, "int_val", [0, 255, 128], np.array([0, 255, 128], dtype=np.uint8)),
         (types_pb2.DT_UINT16, "int_val", [65535, 1], np.array([65535, 1], dtype=np.uint16)),
         (types_pb2.DT_INT8, "int_val", [-128, 127], np.array([-128, 127], dtype=np.int8)),
-        (types_pb2.DT_UINT32, "uint32_val", [2 ** 32 - 1], np.array([2 ** 32 - 1], dtype=np.uint32)),
-        (types_pb2.DT_UINT64, "uint64_val", [2 ** 64 - 1, 2 ** 63], np.array([2 ** 64 - 1, 2 ** 63], dtype=np.uint64)),
-        (types_pb2.DT_INT64, "int64_val", [-(2 ** 63), 2 ** 63 - 1], np.array([-(2 ** 63), 2 ** 63 - 1],
-                                                                               dtype=np.int64)),
+        (types_pb2.DT_UINT32, "uint32_val", [2**32 - 1], np.array([2**32 - 1], dtype=np.uint32)),
+        (types_pb2.DT_UINT64, "uint64_val", [2**64 - 1, 2**63], np.array([2**64 - 1, 2**63], dtype=np.uint64)),
+        (types_pb2.DT_INT64, "int64_val", [-(2**63), 2**63 - 1], np.array([-(2**63), 2**63 - 1], dtype=np.int64)),
     ],
-    ids=["half-bits", "bfloat16-bits", "complex64-interleaved", "complex128-interleaved", "uint8-in-int_val",
-         "uint16-in-int_val", "int8-in-int_val", "uint32-max", "uint64-max", "int64-extremes"],
+    ids=[
+        "half-bits",
+        "bfloat16-bits",
+        "complex64-interleaved",
+        "complex128-interleaved",
+        "uint8-in-int_val",
+        "uint16-in-int_val",
+        "int8-in-int_val",
+        "uint32-max",
+        "uint64-max",
+        "int64-extremes",
+    ],
 )
 def test_decode_typed_field_encodings(dtype_enum, field, values, expected):
     proto = _shaped(dtype_enum, expected.shape, **{field: values})
@@ -433,8 +501,17 @@ def test_error_unknown_rank():
 
 @pytest.mark.parametrize(
     "dtype_enum",
-    [types_pb2.DT_RESOURCE, types_pb2.DT_VARIANT, types_pb2.DT_QINT8, types_pb2.DT_QUINT8, types_pb2.DT_QINT32,
-     types_pb2.DT_FLOAT_REF, types_pb2.DT_INVALID, types_pb2.DT_FLOAT8_E4M3FN, types_pb2.DT_INT4],
+    [
+        types_pb2.DT_RESOURCE,
+        types_pb2.DT_VARIANT,
+        types_pb2.DT_QINT8,
+        types_pb2.DT_QUINT8,
+        types_pb2.DT_QINT32,
+        types_pb2.DT_FLOAT_REF,
+        types_pb2.DT_INVALID,
+        types_pb2.DT_FLOAT8_E4M3FN,
+        types_pb2.DT_INT4,
+    ],
     ids=types_pb2.DataType.Name,
 )
 def test_error_unsupported_dtype(dtype_enum):
@@ -455,10 +532,10 @@ def test_error_string_in_tensor_content():
 @pytest.mark.parametrize(
     ("shape", "fields"),
     [
-        ([2 ** 62, 4], {}),
-        ([2 ** 32, 2 ** 32], {}),
-        ([2 ** 32, 2 ** 32], {"float_val": [1.0]}),
-        ([2 ** 62, 4], {"tensor_content": b"\x00" * 4}),
+        ([2**62, 4], {}),
+        ([2**32, 2**32], {}),
+        ([2**32, 2**32], {"float_val": [1.0]}),
+        ([2**62, 4], {"tensor_content": b"\x00" * 4}),
     ],
     ids=["no-values", "no-values-2", "one-value", "content"],
 )
@@ -495,7 +572,9 @@ def test_dtype_name_literals():
 
 
 @pytest.mark.parametrize(
-    "dtype", [object, np.bytes_, np.str_, "S1", "S17", "U1", "U9", "<U3", ">U3"], ids=str,
+    "dtype",
+    [object, np.bytes_, np.str_, "S1", "S17", "U1", "U9", "<U3", ">U3"],
+    ids=str,
 )
 def test_dtype_name_strings(dtype):
     assert tensors.dtype_name(np.dtype(dtype)) == "DT_STRING"

@@ -1,0 +1,69 @@
+"""Throughput and latency of servex's TensorFlow Serving Predict, with the shared benchmark kit's h2load driver.
+
+    python scripts/bench_predict.py [--seconds 8] [--concurrency 1,8,32] [--workdir /tmp/servex-bench]
+
+Exports the kit's MLP (64 float features -> 3x256 ReLU -> score) with ../shared/bench/make_models.py, starts
+servex on it on loopback, sends batch-1 PredictRequests (tensor_content) through h2load
+(Debian package nghttp2-client) at each concurrency and prints one JSON line per level. A Python client checks
+the answer first, since h2load only counts HTTP-level success.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+KIT = REPO.parent / "shared" / "bench"
+sys.path.insert(0, str(KIT))
+sys.path.insert(0, str(REPO))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from h2grpc import run as h2load_run  # noqa: E402  (the shared kit's driver)
+from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc  # noqa: E402
+
+from tests.integration.daemon import Daemon  # noqa: E402
+
+METHOD = "/tensorflow.serving.PredictionService/Predict"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=int, default=8)
+    ap.add_argument("--concurrency", default="1,8,32")
+    ap.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "servex-bench"))
+    ap.add_argument("--servex_flag", action="append", default=[], help="extra servex flag, repeatable")
+    a = ap.parse_args()
+    work = Path(a.workdir)
+    subprocess.run([sys.executable, str(KIT / "make_models.py"), str(work), "mlp"], check=True, capture_output=True)
+
+    x = np.random.default_rng(0).random((1, 64), dtype=np.float32)
+    req = predict_pb2.PredictRequest()
+    req.model_spec.name = "mlp"
+    req.inputs["features"].CopyFrom(tf.make_tensor_proto(x))
+    payload = req.SerializeToString()
+    frame = work / "predict.grpc"
+    frame.write_bytes(b"\0" + struct.pack(">I", len(payload)) + payload)
+
+    daemon = Daemon([f"--model_base_path={work / 'mlp'}", "--model_name=mlp", *a.servex_flag], work).wait_serving()
+    try:
+        reply = prediction_service_pb2_grpc.PredictionServiceStub(daemon.channel).Predict(req, timeout=30)
+        assert tf.make_ndarray(reply.outputs["score"]).shape == (1, 1), reply
+        for c in (int(v) for v in a.concurrency.split(",")):
+            result = h2load_run(daemon.port, str(frame), c, a.seconds, METHOD)
+            result["label"] = "servex Predict " + " ".join(a.servex_flag)
+            print(json.dumps(result), flush=True)
+    finally:
+        daemon.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,253 @@
+"""loader.load_saved_model on TensorFlow Serving's test SavedModels and on SavedModels exported here."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.core.framework import types_pb2
+from tensorflow.core.protobuf import meta_graph_pb2
+
+from executor import GraphExecutor
+from loader import LoadError, ServingError, load_saved_model
+from tests.conftest import BAD_HALF_PLUS_TWO, HALF_PLUS_TWO_TF1, HALF_PLUS_TWO_TF2
+
+TF1_PATH = HALF_PLUS_TWO_TF1 / "00000123"
+TF2_PATH = HALF_PLUS_TWO_TF2 / "00000123"
+TF1_SIGNATURES = {"serving_default", "classify_x_to_y", "regress_x_to_y", "regress_x_to_y2", "regress_x2_to_y3"}
+
+
+@pytest.fixture(scope="module")
+def tf1(testdata):
+    model = load_saved_model(str(TF1_PATH))
+    yield model
+    model.close()
+
+
+@pytest.fixture(scope="module")
+def tf2(testdata):
+    model = load_saved_model(str(TF2_PATH))
+    yield model
+    model.close()
+
+
+def writable_copy(src: Path, dst: Path) -> Path:
+    """Copy a (read-only) test SavedModel so that the test may damage the copy."""
+    shutil.copytree(src, dst, copy_function=shutil.copyfile)
+    for root, _dirs, files in os.walk(dst):
+        os.chmod(root, 0o755)
+        for name in files:
+            os.chmod(os.path.join(root, name), 0o644)
+    return dst
+
+
+def export_tf1(path: Path, build) -> Path:
+    """Export a TF1 SavedModel (tag serve) whose signature map ``build()`` makes inside a fresh graph."""
+    graph = tf.Graph()
+    with graph.as_default(), tf.compat.v1.Session(graph=graph) as sess:
+        signatures = build()
+        sess.run(tf.compat.v1.global_variables_initializer())
+        builder = tf.compat.v1.saved_model.Builder(str(path))
+        builder.add_meta_graph_and_variables(sess, ["serve"], signature_def_map=signatures)
+        builder.save()
+    return path
+
+
+# -- loading the reference models -------------------------------------------------------------------------
+
+
+def test_tf1_half_plus_two_signatures(tf1):
+    assert set(tf1.signatures) == TF1_SIGNATURES
+    sig = tf1.signatures["serving_default"]
+    assert sig.name == "serving_default"
+    assert sig.method_name == "tensorflow/serving/predict"
+    assert set(sig.inputs) == {"x"}
+    x = sig.inputs["x"]
+    assert x.name == "x:0"
+    assert x.dtype_enum == types_pb2.DT_FLOAT
+    assert x.dtype == np.float32
+    assert x.shape == (None, 1)
+    assert x.describe() == "DT_FLOAT [-1,1]"
+    assert set(sig.outputs) == {"y"}
+    y = sig.outputs["y"]
+    assert (y.name, y.dtype_enum, y.shape) == ("y:0", types_pb2.DT_FLOAT, (None, 1))
+    assert sig.output_aliases == ("y",)
+    assert sig.output_names == ("y:0",)
+
+
+def test_tf1_string_input_of_unknown_rank(tf1):
+    sig = tf1.signatures["classify_x_to_y"]
+    assert sig.method_name == "tensorflow/serving/classify"
+    spec = sig.inputs["inputs"]
+    assert spec.name == "tf_example:0"
+    assert spec.dtype_enum == types_pb2.DT_STRING
+    assert spec.dtype == np.dtype(object)
+    assert spec.shape is None
+    assert spec.describe() == "DT_STRING ?"
+    assert sig.outputs["scores"].name == "y:0"
+
+
+def test_tf2_half_plus_two_signatures_hide_init_op(tf2):
+    # The file holds TensorFlow's bookkeeping signature; the loaded model must not expose it.
+    assert "__saved_model_init_op" in tf2.meta_graph.signature_def
+    assert "__saved_model_init_op" not in tf2.signatures
+    assert set(tf2.signatures) == TF1_SIGNATURES | {"classify_x2_to_y3"}
+    sig = tf2.signatures["serving_default"]
+    assert sig.method_name == "tensorflow/serving/predict"
+    x = sig.inputs["x"]
+    assert (x.name, x.dtype_enum, x.dtype) == ("serving_default_x:0", types_pb2.DT_FLOAT, np.float32)
+    # TF2's export declares x (and y) as [1], not [-1,1] as the TF1 export does.
+    assert x.shape == (1,)
+    assert set(sig.outputs) == {"y"}
+    assert sig.outputs["y"].dtype_enum == types_pb2.DT_FLOAT
+    assert sig.output_names == (sig.outputs["y"].name,)
+
+
+def test_tf1_half_plus_two_runs(tf1):
+    sig = tf1.signatures["serving_default"]
+    executor = GraphExecutor(tf1)
+    x = np.array([[1], [2], [5]], np.float32)
+    (y,) = executor.run({sig.inputs["x"].name: x}, [sig.outputs["y"].name])
+    assert y.dtype == np.float32
+    np.testing.assert_array_equal(y, np.array([[2.5], [3.0], [4.5]], np.float32))
+
+
+def test_tf2_half_plus_two_runs(tf2):
+    sig = tf2.signatures["serving_default"]
+    executor = GraphExecutor(tf2)
+    got = [
+        executor.run({sig.inputs["x"].name: np.array([v], np.float32)}, [sig.outputs["y"].name])[0]
+        for v in (1.0, 2.0, 5.0)
+    ]
+    np.testing.assert_array_equal(np.stack(got), np.array([[2.5], [3.0], [4.5]], np.float32))
+
+
+@pytest.mark.parametrize("which", ["tf1", "tf2"])
+def test_graph_is_finalized_after_load(which, request):
+    model = request.getfixturevalue(which)
+    assert model.path == str(TF1_PATH if which == "tf1" else TF2_PATH)
+    assert model.graph.finalized
+    with model.graph.as_default(), pytest.raises(RuntimeError, match="finalized"):
+        tf.constant(1.0)
+
+
+# -- what does not load ------------------------------------------------------------------------------------
+
+
+def assert_load_error(path, *words: str) -> LoadError:
+    with pytest.raises(LoadError) as info:
+        load_saved_model(str(path))
+    error = info.value
+    assert isinstance(error, ServingError)
+    assert error.code == "FAILED_PRECONDITION"
+    assert str(path) in error.message
+    lowered = error.message.lower()
+    for word in words:
+        assert word.lower() in lowered, f"{word!r} not in {error.message!r}"
+    return error
+
+
+def test_missing_directory(tmp_path):
+    assert_load_error(tmp_path / "nowhere" / "1", "does not exist")
+
+
+def test_file_instead_of_directory(tmp_path):
+    path = tmp_path / "saved_model.pb"
+    path.write_bytes(b"")
+    assert_load_error(path, "not a directory")
+
+
+def test_directory_without_saved_model_pb(testdata):
+    # An old export: checkpoint, export, export.meta and no saved_model.pb.
+    path = BAD_HALF_PLUS_TWO / "00000123"
+    error = assert_load_error(path, "saved_model.pb", "not a SavedModel")
+    for found in ("checkpoint", "export.meta"):
+        assert found in error.message
+
+
+def test_corrupt_saved_model_pb(tmp_path, testdata):
+    path = writable_copy(TF1_PATH, tmp_path / "1")
+    (path / "saved_model.pb").write_bytes(b"\x00\xffthis is not a protocol buffer\xfe\x07" * 8)
+    error = assert_load_error(path)
+    assert "pars" in error.message.lower() or "corrupt" in error.message.lower(), error.message
+
+
+def test_truncated_variables(tmp_path, testdata):
+    path = writable_copy(TF1_PATH, tmp_path / "1")
+    (data,) = (path / "variables").glob("variables.data-*")
+    size = data.stat().st_size
+    assert size > 1
+    os.truncate(data, size // 2)
+    error = assert_load_error(path)
+    # TensorFlow's words: the restore op read fewer bytes than the index promised.
+    assert "restore" in error.message.lower() or "bytes" in error.message.lower(), error.message
+
+
+def test_wrong_tag_set(testdata):
+    with pytest.raises(LoadError) as info:
+        load_saved_model(str(TF1_PATH), tags=("gpu",))
+    assert str(TF1_PATH) in info.value.message
+    assert "gpu" in info.value.message
+
+
+def test_signature_naming_a_tensor_not_in_the_graph(tmp_path):
+    def build():
+        x = tf.compat.v1.placeholder(tf.float32, [None], name="x")
+        tf.identity(x * 2.0, name="y")
+        missing = meta_graph_pb2.TensorInfo(name="missing:0", dtype=types_pb2.DT_FLOAT)
+        sig = tf.compat.v1.saved_model.build_signature_def(
+            inputs={"x": tf.compat.v1.saved_model.build_tensor_info(x)},
+            outputs={"out": missing},
+            method_name="tensorflow/serving/predict",
+        )
+        return {"serving_default": sig}
+
+    path = export_tf1(tmp_path / "1", build)
+    assert_load_error(path, "missing:0", "serving_default", "not in the graph")
+
+
+def test_sparse_signature_input_is_rejected(tmp_path):
+    def build():
+        sp = tf.compat.v1.sparse_placeholder(tf.float32, name="sp")
+        total = tf.sparse.reduce_sum(sp, name="total")
+        sig = tf.compat.v1.saved_model.build_signature_def(
+            inputs={"sp": tf.compat.v1.saved_model.build_tensor_info(sp)},
+            outputs={"total": tf.compat.v1.saved_model.build_tensor_info(total)},
+            method_name="tensorflow/serving/predict",
+        )
+        return {"serving_default": sig}
+
+    path = export_tf1(tmp_path / "1", build)
+    assert_load_error(path, "dense", "'sp'", "serving_default")
+
+
+def test_own_tf1_export_loads_and_runs(tmp_path):
+    def build():
+        x = tf.compat.v1.placeholder(tf.int32, [None, 3], name="x")
+        w = tf.compat.v1.Variable([1, 2, 3], name="w")
+        y = tf.identity(x * w, name="y")
+        info = tf.compat.v1.saved_model.build_tensor_info
+        sig = tf.compat.v1.saved_model.build_signature_def(
+            inputs={"x": info(x)},
+            outputs={"y": info(y), "a_copy": info(tf.identity(x, name="xc"))},
+            method_name="tensorflow/serving/predict",
+        )
+        return {"serving_default": sig}
+
+    model = load_saved_model(str(export_tf1(tmp_path / "7", build)))
+    try:
+        sig = model.signatures["serving_default"]
+        assert sig.inputs["x"].dtype == np.int32
+        assert sig.inputs["x"].shape == (None, 3)
+        # Output aliases come in a fixed (sorted) order, with their tensor names in the same order.
+        assert sig.output_aliases == ("a_copy", "y")
+        assert sig.output_names == ("xc:0", "y:0")
+        x = np.array([[1, 1, 1], [2, 0, -1]], np.int32)
+        (y,) = GraphExecutor(model).run({"x:0": x}, ["y:0"])
+        np.testing.assert_array_equal(y, [[1, 2, 3], [2, 0, -3]])
+    finally:
+        model.close()
