@@ -27,18 +27,42 @@ def _deliver(future: asyncio.Future, ok: bool, value) -> None:
         future.set_exception(value)
 
 
-def _deliver_all(results: list) -> None:
-    for future, ok, value in results:
-        _deliver(future, ok, value)
+class _Outbox:
+    """Results on their way back to one event loop: one wake-up of the loop carries all that are ready.
+
+    Under load the cross-thread hand-off, not TensorFlow, is what costs most per request; a worker that finds
+    the outbox already scheduled for delivery just adds its result.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._results: list = []
+
+    def put(self, future: asyncio.Future, ok: bool, value) -> None:
+        with self._lock:
+            self._results.append((future, ok, value))
+            first = len(self._results) == 1
+        if first:
+            try:
+                self._loop.call_soon_threadsafe(self._flush)
+            except RuntimeError:  # the loop closed during shutdown; nobody is waiting any more
+                log.debug("a run finished after its event loop closed")
+
+    def _flush(self) -> None:
+        with self._lock:
+            results, self._results = self._results, []
+        for future, ok, value in results:
+            _deliver(future, ok, value)
 
 
 class RunHandler:
-    def __init__(self, num_workers: int, drain: int = 8):
+    def __init__(self, num_workers: int):
         if num_workers < 1:
             raise ValueError(f"num_workers must be at least 1, got {num_workers}")
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._closed = False
-        self._drain = drain
+        self._outboxes: dict[asyncio.AbstractEventLoop, _Outbox] = {}
         self._threads = [
             threading.Thread(target=self._work, name=f"servex-run-{i}", daemon=True) for i in range(num_workers)
         ]
@@ -50,38 +74,26 @@ class RunHandler:
         if self._closed:
             raise RuntimeError("RunHandler is closed")
         loop = asyncio.get_running_loop()
+        outbox = self._outboxes.get(loop)
+        if outbox is None:
+            outbox = self._outboxes.setdefault(loop, _Outbox(loop))
         future = loop.create_future()
-        self._queue.put((loop, future, fn, args))
+        self._queue.put((outbox, future, fn, args))
         return future
 
     def _work(self) -> None:
         while True:
-            items = [self._queue.get()]
-            # Take what else is already waiting (up to a few), and hand all results back in one wake-up of the
-            # loop: under load the cross-thread hand-off, not TensorFlow, is what costs most per request.
-            while len(items) < self._drain and items[-1] is not None:
-                try:
-                    items.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            stop = items[-1] is None
-            done: dict[asyncio.AbstractEventLoop, list] = {}
-            for item in items[:-1] if stop else items:
-                loop, future, fn, args = item
-                if future.cancelled():  # the caller went away while this waited
-                    continue
-                try:
-                    result, ok = fn(*args), True
-                except BaseException as e:  # handed to the caller, which decides what it means
-                    result, ok = e, False
-                done.setdefault(loop, []).append((future, ok, result))
-            for loop, results in done.items():
-                try:
-                    loop.call_soon_threadsafe(_deliver_all, results)
-                except RuntimeError:  # the loop closed during shutdown; nobody is waiting any more
-                    log.debug("runs finished after their event loop closed")
-            if stop:
+            item = self._queue.get()
+            if item is None:
                 return
+            outbox, future, fn, args = item
+            if future.cancelled():  # the caller went away while this waited
+                continue
+            try:
+                result, ok = fn(*args), True
+            except BaseException as e:  # handed to the caller, which decides what it means
+                result, ok = e, False
+            outbox.put(future, ok, result)
 
     def close(self) -> None:
         """Let queued work finish, then stop the workers; later submits raise RuntimeError."""
