@@ -69,6 +69,9 @@ class ModelManager(Generic[S]):
         self.get(name)
         return [v for _, v in sorted(self._models[name].items())]
 
+    def is_served(self, name: str) -> bool:
+        return name in self._models
+
     def model_names(self) -> list[str]:
         return sorted(self._models)
 

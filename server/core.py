@@ -45,7 +45,7 @@ class ServingCore:
         return self.manager.get(name, version)
 
     def is_served(self, name: str) -> bool:
-        return name in self.manager.model_names()
+        return self.manager.is_served(name)
 
     @staticmethod
     def signature(served: ServedVersion[GraphExecutor], name: str) -> Signature:
@@ -93,7 +93,8 @@ class ServingCore:
         feeds = {}
         for alias, value in inputs.items():
             spec = specs[alias]
-            _check_input(self._where(served, sig), alias, spec, value)
+            if value.dtype != spec.dtype or not shape_matches(spec.shape, value.shape):
+                raise _input_mismatch(self._where(served, sig), alias, spec, value)
             feeds[spec.name] = value
         return feeds
 
@@ -113,13 +114,10 @@ class ServingCore:
         return output_filter, [sig.outputs[a].name for a in output_filter]
 
 
-def _check_input(where: str, alias: str, spec: TensorSpec, value: np.ndarray) -> None:
+def _input_mismatch(where: str, alias: str, spec: TensorSpec, value: np.ndarray) -> InvalidArgument:
     if value.dtype != spec.dtype:
-        raise InvalidArgument(
+        return InvalidArgument(
             f"{where}: input {alias!r} expects dtype {spec.describe()}, got {dtype_name(value.dtype)} "
             f"shape {list(value.shape)}"
         )
-    if not shape_matches(spec.shape, value.shape):
-        raise InvalidArgument(
-            f"{where}: input {alias!r} expects shape {shape_text(spec.shape)}, got {list(value.shape)}"
-        )
+    return InvalidArgument(f"{where}: input {alias!r} expects shape {shape_text(spec.shape)}, got {list(value.shape)}")

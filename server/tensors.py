@@ -15,7 +15,7 @@ import math
 
 import ml_dtypes
 import numpy as np
-from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
+from tensorflow.core.framework import tensor_pb2, types_pb2
 
 from loader.errors import InvalidArgument, ResourceExhausted
 
@@ -53,7 +53,7 @@ def dtype_name(dtype: np.dtype) -> str:
 def _shape(proto: tensor_pb2.TensorProto, name: str) -> tuple[int, ...]:
     if proto.tensor_shape.unknown_rank:
         raise InvalidArgument(f"input {name!r}: tensor_shape has unknown_rank set; a request tensor needs its shape")
-    shape = tuple(d.size for d in proto.tensor_shape.dim)
+    shape = tuple([d.size for d in proto.tensor_shape.dim])
     if any(d < 0 for d in shape):
         raise InvalidArgument(f"input {name!r}: tensor_shape {list(shape)} has a negative dimension")
     return shape
@@ -136,9 +136,9 @@ def fill_proto(proto: tensor_pb2.TensorProto, array: np.ndarray, tensor_content:
             raise InvalidArgument(f"output dtype {dtype.name} has no TensorFlow equivalent")
         enum = types_pb2.DT_STRING
     proto.dtype = enum
-    proto.tensor_shape.CopyFrom(
-        tensor_shape_pb2.TensorShapeProto(dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=d) for d in array.shape])
-    )
+    add_dim = proto.tensor_shape.dim.add
+    for size in array.shape:
+        add_dim(size=size)
     if enum == types_pb2.DT_STRING:
         flat = array.ravel().tolist()
         proto.string_val.extend(v.encode() if isinstance(v, str) else v for v in flat)
