@@ -1,73 +1,312 @@
-"""ModelManager: which versions of which models are served, and lookup by name and version.
+"""ModelManager: which versions of which models are served, how they change, and lookup for requests.
 
 Generic over the servable, as TensorFlow Serving's manager is: the caller supplies ``make_servable(name,
-version, path)`` (the server wires a GraphExecutor over a loaded SavedModel) and the manager keeps what it makes.
+version, path)`` (the server wires a GraphExecutor over a loaded SavedModel) and ``close_servable``.
+
+Lifecycle, as TensorFlow Serving's, without its faults:
+- ``apply_config`` sets the models; ``poll`` re-reads every model's base path. Both are serialized by one lock
+  and run off the request path (loads happen outside the table lock, so requests never wait on a load).
+- Per model, the version policy picks the versions to serve among those on disk that are not known bad. A new
+  version serves before an old one unloads (availability-preserving), and an old version unloads only once its
+  in-flight requests have finished (each request holds a lease from ``acquire`` to ``release``).
+- A version that fails to load is kept as END with its error (GetModelStatus shows it), never disturbs the served
+  versions, and is retried up to ``max_num_load_retries`` times, ``load_retry_interval_s`` apart, and again
+  whenever its folder's files change (a folder still being copied).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from loader.errors import NotFound
-from loader.versions import latest_version
+from loader.config import ModelSpec
+from loader.errors import LoadError, NotFound, ServingError, Unavailable
+from loader.versions import list_versions
 
 log = logging.getLogger(__name__)
 
 S = TypeVar("S")
 
+# TensorFlow Serving's ModelVersionStatus.State names.
+LOADING, AVAILABLE, UNLOADING, END = "LOADING", "AVAILABLE", "UNLOADING", "END"
 
-@dataclass
+
+def folder_fingerprint(path: str) -> tuple:
+    """Names, sizes and modification times of the files under ``path``: changes while a folder is copied."""
+    entries = []
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            full = os.path.join(root, name)
+            try:
+                st = os.stat(full)
+            except OSError:
+                continue
+            entries.append((os.path.relpath(full, path), st.st_size, st.st_mtime_ns))
+    return tuple(sorted(entries))
+
+
+@dataclass(eq=False)
 class ServedVersion(Generic[S]):
     name: str
     version: int
     path: str
-    servable: S
-    state: str = "AVAILABLE"
+    servable: S | None = None
+    state: str = LOADING
+    error: ServingError | None = None
+    # load attempts so far, when the next retry is due, and the folder's fingerprint at the last failure
+    attempts: int = 0
+    retry_at: float = 0.0
+    fingerprint: tuple = ()
+    # requests in flight (leases) and whether the version has been taken out of service
+    inflight: int = 0
+    retired: bool = False
+
+
+@dataclass
+class _Model(Generic[S]):
+    spec: ModelSpec
+    versions: dict[int, ServedVersion[S]] = field(default_factory=dict)
+    error: ServingError | None = None  # the base path itself is unusable
+
+    def available(self) -> list[int]:
+        return sorted(v for v, sv in self.versions.items() if sv.state == AVAILABLE)
 
 
 class ModelManager(Generic[S]):
     def __init__(
-        self, make_servable: Callable[[str, int, str], S], close_servable: Callable[[S], None] = lambda s: None
+        self,
+        make_servable: Callable[[str, int, str], S],
+        close_servable: Callable[[S], None] = lambda s: None,
+        *,
+        max_num_load_retries: int = 5,
+        load_retry_interval_s: float = 60.0,
     ):
         self._make = make_servable
         self._close = close_servable
-        self._lock = threading.Lock()
-        self._models: dict[str, dict[int, ServedVersion[S]]] = {}
+        self.max_num_load_retries = max_num_load_retries
+        self.load_retry_interval_s = load_retry_interval_s
+        self._lock = threading.Lock()  # guards the tables; held only briefly, never during a load
+        self._reconcile_lock = threading.Lock()  # serializes config changes and polls
+        self._models: dict[str, _Model[S]] = {}
 
-    def load_latest(self, name: str, base_path: str) -> ServedVersion[S]:
-        """Load the highest-numbered version under ``base_path`` as model ``name``; raises LoadError."""
-        version, path = latest_version(base_path)
-        servable = self._make(name, version, path)
-        served = ServedVersion(name, version, path, servable)
+    # -- changing what is served ----------------------------------------------------------------------
+
+    def apply_config(self, specs: list[ModelSpec]) -> list[str]:
+        """Serve exactly these models; returns the problems (failed loads, bad labels), empty when all is well.
+
+        Removed models stop taking requests at once and unload when their in-flight requests finish.
+        """
+        with self._reconcile_lock:
+            wanted = {spec.name: spec for spec in specs}
+            with self._lock:
+                removed = [m for name, m in self._models.items() if name not in wanted]
+                for model in removed:
+                    del self._models[model.spec.name]
+                for spec in specs:
+                    model = self._models.get(spec.name)
+                    if model is None or model.spec.base_path != spec.base_path:
+                        if model is not None:
+                            removed.append(model)
+                        self._models[spec.name] = _Model(spec)
+                    else:
+                        model.spec = spec
+            for model in removed:
+                log.info("model %r removed from the config: unloading", model.spec.name)
+                for sv in list(model.versions.values()):
+                    self._retire(sv)
+            problems = []
+            for spec in specs:
+                problems.extend(self._reconcile(self._models[spec.name]))
+            return problems
+
+    def poll(self) -> list[str]:
+        """Look at every model's base path again: load new versions, unload old ones, retry failed ones."""
+        with self._reconcile_lock:
+            problems = []
+            for model in list(self._models.values()):
+                problems.extend(self._reconcile(model, quiet=True))
+            return problems
+
+    def _reconcile(self, model: _Model[S], quiet: bool = False) -> list[str]:
+        spec = model.spec
+        try:
+            on_disk = list_versions(spec.base_path)
+            model.error = None
+        except LoadError as e:
+            if not (quiet and model.error is not None and model.error.message == e.message):
+                log.error("model %r: %s", spec.name, e.message)
+            model.error = e
+            on_disk = {}
+        tried: set[int] = set()
+        while True:
+            now = time.monotonic()
+            usable = [v for v, path in on_disk.items() if self._usable(model, v, path, now, tried)]
+            wanted = spec.policy.select(usable)
+            to_load = [v for v in wanted if v not in model.available()]
+            if not to_load:
+                break
+            for version in sorted(to_load, reverse=True):
+                tried.add(version)
+                self._load(model, version, on_disk[version])
+        # Availability-preserving: what is wanted is loaded now; only then does the rest unload.
+        for version in model.available():
+            if version not in wanted:
+                self._retire(model.versions[version])
+        for version, sv in list(model.versions.items()):
+            if sv.state == END and version not in on_disk:
+                with self._lock:
+                    model.versions.pop(version, None)
+        problems = [f"model {spec.name!r}: {model.error.message}"] if model.error and not model.available() else []
+        for version in tried:
+            sv = model.versions.get(version)
+            if sv is not None and sv.state == END and sv.error is not None:
+                problems.append(f"model {spec.name!r} version {version} failed to load: {sv.error.message}")
+        available = set(model.available())
+        for label, version in sorted(spec.labels.items()):
+            if version not in available:
+                problems.append(
+                    f"model {spec.name!r}: version label {label!r} points to version {version}, which is not "
+                    f"available (available versions: {sorted(available)})"
+                )
+        return problems
+
+    def _usable(self, model: _Model[S], version: int, path: str, now: float, tried: set[int]) -> bool:
+        sv = model.versions.get(version)
+        if sv is None or sv.state != END or sv.error is None:
+            return True
+        if version in tried:
+            return False
+        if sv.attempts <= self.max_num_load_retries and now >= sv.retry_at:
+            return True
+        return folder_fingerprint(path) != sv.fingerprint  # the files changed since it failed: try again
+
+    def _load(self, model: _Model[S], version: int, path: str) -> None:
+        name = model.spec.name
+        previous = model.versions.get(version)
+        sv = ServedVersion(name, version, path, attempts=previous.attempts if previous else 0)
+        fingerprint = folder_fingerprint(path)
+        if previous is not None and previous.fingerprint != fingerprint:
+            sv.attempts = 0  # new files: a fresh start
         with self._lock:
-            replaced = self._models.setdefault(name, {}).get(version)
-            self._models[name][version] = served
-        if replaced is not None:
-            self._close(replaced.servable)
-        log.info("serving model %r version %d from %s", name, version, path)
-        return served
+            model.versions[version] = sv
+        log.info("model %r version %d: loading from %s", name, version, path)
+        start = time.monotonic()
+        try:
+            servable = self._make(name, version, path)
+        except Exception as e:
+            error = e if isinstance(e, ServingError) else LoadError(f"{type(e).__name__}: {e}")
+            sv.attempts += 1
+            sv.fingerprint = fingerprint
+            sv.retry_at = time.monotonic() + self.load_retry_interval_s
+            retries_left = max(0, self.max_num_load_retries - sv.attempts + 1)
+            with self._lock:
+                sv.error, sv.state = error, END
+            log.error(
+                "model %r version %d failed to load after %.2fs (attempt %d, %d retries left): %s",
+                name, version, time.monotonic() - start, sv.attempts, retries_left, error.message,
+            )  # fmt: skip
+            return
+        with self._lock:
+            sv.servable, sv.state = servable, AVAILABLE
+        log.info("model %r version %d: available after %.2fs", name, version, time.monotonic() - start)
 
-    def get(self, name: str, version: int | None = None) -> ServedVersion[S]:
-        """The requested version of ``name``, or its highest when ``version`` is None; NotFound otherwise."""
-        versions = self._models.get(name)
-        if not versions:
+    def _retire(self, sv: ServedVersion[S]) -> None:
+        """Take a version out of service; it closes when its last in-flight request releases it."""
+        with self._lock:
+            if sv.retired:
+                return
+            sv.retired = True
+            model = self._models.get(sv.name)
+            if model is not None and model.versions.get(sv.version) is sv:
+                del model.versions[sv.version]
+            close_now = sv.inflight == 0
+            if sv.state == AVAILABLE:
+                sv.state = UNLOADING
+        if close_now:
+            self._unload(sv)
+        else:
+            log.info("model %r version %d: unloading after %d in-flight requests", sv.name, sv.version, sv.inflight)
+
+    def _unload(self, sv: ServedVersion[S]) -> None:
+        if sv.servable is not None:
+            self._close(sv.servable)
+            log.info("model %r version %d: unloaded", sv.name, sv.version)
+        sv.servable, sv.state = None, END
+
+    # -- requests -------------------------------------------------------------------------------------
+
+    def acquire(self, name: str, version: int | None = None, label: str = "") -> ServedVersion[S]:
+        """Lease the requested version (by number, by label, or the highest available) for one request.
+
+        Every acquire must be paired with ``release``; NotFound names what exists instead.
+        """
+        with self._lock:
+            sv = self._lookup(name, version, label)
+            sv.inflight += 1
+            return sv
+
+    def release(self, sv: ServedVersion[S]) -> None:
+        with self._lock:
+            sv.inflight -= 1
+            close_now = sv.retired and sv.inflight == 0 and sv.servable is not None
+        if close_now:
+            self._unload(sv)
+
+    def get(self, name: str, version: int | None = None, label: str = "") -> ServedVersion[S]:
+        """Like acquire, without a lease: for answers that do not run the model (metadata, status)."""
+        with self._lock:
+            return self._lookup(name, version, label)
+
+    def _lookup(self, name: str, version: int | None, label: str) -> ServedVersion[S]:
+        model = self._models.get(name)
+        if model is None:
             served = ", ".join(sorted(self._models)) or "none"
             raise NotFound(f"model {name!r} is not served (served models: {served})")
+        available = model.available()
+        if label:
+            if label not in model.spec.labels:
+                labels = ", ".join(f"{k}={v}" for k, v in sorted(model.spec.labels.items())) or "none"
+                raise NotFound(f"model {name!r} has no version label {label!r} (labels: {labels})")
+            version = model.spec.labels[label]
         if version is None:
-            return versions[max(versions)]
-        found = versions.get(version)
-        if found is None:
-            raise NotFound(f"model {name!r} has no version {version} (available versions: {sorted(versions)})")
-        return found
+            if not available:
+                why = f": {model.error.message}" if model.error else ""
+                raise Unavailable(f"model {name!r} has no version available yet{why}")
+            return model.versions[available[-1]]
+        sv = model.versions.get(version)
+        if sv is None or sv.state != AVAILABLE:
+            what = f"version label {label!r} points to version {version}, which" if label else f"version {version}"
+            if sv is not None and sv.state == END and sv.error is not None:
+                raise NotFound(f"model {name!r} {what} failed to load: {sv.error.message}")
+            if sv is not None and sv.state == LOADING:
+                raise Unavailable(f"model {name!r} {what} is still loading (available versions: {available})")
+            raise NotFound(f"model {name!r} has no {what} (available versions: {available})")
+        return sv
 
-    def versions(self, name: str) -> list[ServedVersion[S]]:
-        """Every served version of ``name``, lowest first; NotFound for an unknown model."""
-        self.get(name)
-        return [v for _, v in sorted(self._models[name].items())]
+    # -- status ---------------------------------------------------------------------------------------
+
+    def statuses(self, name: str, version: int | None = None, label: str = "") -> list[ServedVersion[S]]:
+        """Every known version of ``name`` (loading, available, failed), lowest first, or the one asked for."""
+        with self._lock:
+            model = self._models.get(name)
+            if model is None:
+                served = ", ".join(sorted(self._models)) or "none"
+                raise NotFound(f"model {name!r} is not served (served models: {served})")
+            if label:
+                if label not in model.spec.labels:
+                    raise NotFound(f"model {name!r} has no version label {label!r}")
+                version = model.spec.labels[label]
+            if version is not None:
+                sv = model.versions.get(version)
+                if sv is None:
+                    raise NotFound(f"model {name!r} has no version {version} (known: {sorted(model.versions)})")
+                return [sv]
+            return [sv for _, sv in sorted(model.versions.items())]
 
     def is_served(self, name: str) -> bool:
         return name in self._models
@@ -75,9 +314,13 @@ class ModelManager(Generic[S]):
     def model_names(self) -> list[str]:
         return sorted(self._models)
 
+    def available_models(self) -> list[str]:
+        with self._lock:
+            return sorted(name for name, m in self._models.items() if m.available())
+
     def unload_all(self) -> None:
         with self._lock:
             models, self._models = self._models, {}
-        for versions in models.values():
-            for served in versions.values():
-                self._close(served.servable)
+        for model in models.values():
+            for sv in list(model.versions.values()):
+                self._retire(sv)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from pathlib import Path
 
 import grpc
 import tensorflow as tf
@@ -24,7 +25,9 @@ from tensorflow_serving.apis import (
 )
 
 from executor import GraphExecutor, RunHandler
-from loader import LoadError, ModelManager, load_saved_model
+from loader import ModelManager, load_saved_model
+from loader.config import ModelSpec, parse_model_config
+from loader.errors import InvalidArgument
 from server.core import ServingCore
 from server.metrics import start_metrics_server
 from server.settings import ServerSettings
@@ -46,7 +49,68 @@ def make_manager(settings: ServerSettings) -> ModelManager[GraphExecutor]:
         model = load_saved_model(path, session_config=config)
         return GraphExecutor(model, transfer=transfer, run_in_caller_thread=settings.run_in_caller_thread)
 
-    return ModelManager(make, GraphExecutor.close)
+    return ModelManager(
+        make,
+        GraphExecutor.close,
+        max_num_load_retries=settings.max_num_load_retries,
+        load_retry_interval_s=settings.load_retry_interval_micros / 1e6,
+    )
+
+
+def initial_specs(settings: ServerSettings) -> tuple[list[ModelSpec], str]:
+    """The models to serve at start, and the config file's text (empty without a config file)."""
+    if settings.model_config_file:
+        text = Path(settings.model_config_file).read_text(encoding="utf-8")
+        return parse_model_config(text, f"model config file {settings.model_config_file!r}"), text
+    return [ModelSpec(settings.model_name, settings.resolved_model_base_path())], ""
+
+
+class Lifecycle:
+    """Drives the ModelManager from the event loop: config changes and polls run on a thread, and health
+    follows what is available."""
+
+    def __init__(self, manager: ModelManager, health_servicer, settings: ServerSettings):
+        self.manager = manager
+        self.health = health_servicer
+        self.settings = settings
+        self._known: set[str] = set()
+
+    async def apply(self, specs: list[ModelSpec]) -> list[str]:
+        problems = await asyncio.get_running_loop().run_in_executor(None, self.manager.apply_config, specs)
+        await self.sync_health()
+        return problems
+
+    async def sync_health(self) -> None:
+        available = set(self.manager.available_models())
+        self._known |= set(self.manager.model_names())
+        Status = health_pb2.HealthCheckResponse
+        for name in sorted(self._known):
+            await self.health.set(name, Status.SERVING if name in available else Status.NOT_SERVING)
+        await self.health.set("", Status.SERVING if available else Status.NOT_SERVING)
+
+    async def poll_files(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self.settings.file_system_poll_wait_seconds)
+            await loop.run_in_executor(None, self.manager.poll)
+            await self.sync_health()
+
+    async def poll_config(self, text: str) -> None:
+        path = self.settings.model_config_file
+        while True:
+            await asyncio.sleep(self.settings.model_config_file_poll_wait_seconds)
+            try:
+                new_text = Path(path).read_text(encoding="utf-8")
+                if new_text == text:
+                    continue
+                specs = parse_model_config(new_text, f"model config file {path!r}")
+            except (OSError, InvalidArgument) as e:
+                log.error("model config file %r not applied, the current models stay: %s", path, e)
+                continue
+            text = new_text
+            log.info("model config file %r changed: applying", path)
+            for problem in await self.apply(specs):
+                log.error("%s", problem)
 
 
 async def serve(settings: ServerSettings) -> int:
@@ -67,8 +131,9 @@ async def serve(settings: ServerSettings) -> int:
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
         PredictionService(core, settings.tensor_content_outputs, settings.max_message_bytes), server
     )
-    model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelService(core), server)
     health_servicer = health.aio.HealthServicer()
+    lifecycle = Lifecycle(manager, health_servicer, settings)
+    model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelService(core, lifecycle.apply), server)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
         [
@@ -92,23 +157,32 @@ async def serve(settings: ServerSettings) -> int:
     if settings.rest_api_port:
         log.info("--rest_api_port=%d: the REST API is not served yet", settings.rest_api_port)
 
-    name, base_path = settings.model_name, settings.resolved_model_base_path()
+    tasks: list[asyncio.Task] = []
+    exit_code = 0
     try:
-        load = loop.run_in_executor(None, manager.load_latest, name, base_path)
+        specs, config_text = initial_specs(settings)
+        load = asyncio.ensure_future(lifecycle.apply(specs))
         done, _ = await asyncio.wait([load, asyncio.ensure_future(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
         if load in done:
-            served = load.result()
-            await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-            await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-            log.info("servex ready: model %r version %d on %s", name, served.version, address)
-            await stop.wait()
-        exit_code = 0
-    except LoadError as e:
-        log.error("model %r did not load, nothing to serve: %s", name, e.message)
+            problems = load.result()
+            for problem in problems:
+                log.error("%s", problem)
+            available = manager.available_models()
+            if not available:
+                log.error("no model loaded, nothing to serve: %s", "; ".join(problems) or "no model configured")
+                exit_code = 1
+            else:
+                if settings.file_system_poll_wait_seconds > 0:
+                    tasks.append(asyncio.ensure_future(lifecycle.poll_files()))
+                if settings.model_config_file and settings.model_config_file_poll_wait_seconds > 0:
+                    tasks.append(asyncio.ensure_future(lifecycle.poll_config(config_text)))
+                log.info("servex ready on %s, serving %s", address, ", ".join(available))
+                await stop.wait()
+    except (OSError, InvalidArgument) as e:
+        log.error("cannot read the models to serve, nothing to serve: %s", e)
         exit_code = 1
-    except Exception:
-        log.exception("model %r did not load, nothing to serve", name)
-        exit_code = 1
+    for task in tasks:
+        task.cancel()
 
     log.info("draining: no new calls, in-flight calls have %.0fs to finish", settings.drain_seconds)
     await health_servicer.enter_graceful_shutdown()

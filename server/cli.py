@@ -53,6 +53,36 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: the bundled demo model)",
     )
     p.add_argument(
+        "--model_config_file",
+        default=None,
+        help="TensorFlow Serving model config file (text-format ModelServerConfig, ${VAR} expanded from the "
+        "environment); serves several models, with version policies and labels; excludes --model_base_path",
+    )
+    p.add_argument(
+        "--model_config_file_poll_wait_seconds",
+        type=float,
+        default=d.model_config_file_poll_wait_seconds,
+        help="re-read --model_config_file this often and apply changes; 0 reads it once",
+    )
+    p.add_argument(
+        "--file_system_poll_wait_seconds",
+        type=float,
+        default=d.file_system_poll_wait_seconds,
+        help="look for new or removed version folders this often; 0 or less: only at start",
+    )
+    p.add_argument(
+        "--max_num_load_retries",
+        type=int,
+        default=d.max_num_load_retries,
+        help="retries of a version that failed to load (it is also retried whenever its files change)",
+    )
+    p.add_argument(
+        "--load_retry_interval_micros",
+        type=int,
+        default=d.load_retry_interval_micros,
+        help="time between retries of a failed load, in microseconds",
+    )
+    p.add_argument(
         "--max_message_bytes",
         type=int,
         default=d.max_message_bytes,
@@ -101,6 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_settings(argv: list[str] | None = None) -> tuple[ServerSettings, str]:
     args = build_parser().parse_args(argv)
+    if args.model_config_file is not None and (args.model_base_path is not None or args.model_name is not None):
+        build_parser().error("--model_config_file replaces --model_name and --model_base_path: give one or the other")
     if args.model_name is not None and args.model_base_path is None:
         build_parser().error("--model_name needs --model_base_path")
     if args.model_base_path is not None:
@@ -114,6 +146,11 @@ def parse_settings(argv: list[str] | None = None) -> tuple[ServerSettings, str]:
         bind_address=args.bind_address,
         model_name=name,
         model_base_path=args.model_base_path or "",
+        model_config_file=args.model_config_file or "",
+        model_config_file_poll_wait_seconds=args.model_config_file_poll_wait_seconds,
+        file_system_poll_wait_seconds=args.file_system_poll_wait_seconds,
+        max_num_load_retries=args.max_num_load_retries,
+        load_retry_interval_micros=args.load_retry_interval_micros,
         max_message_bytes=args.max_message_bytes,
         num_run_workers=args.num_run_workers,
         tensorflow_intra_op_parallelism=args.tensorflow_intra_op_parallelism,

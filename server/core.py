@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from executor import GraphExecutor, RunHandler
-from loader.errors import FailedPrecondition, InvalidArgument, NotFound
+from loader.errors import FailedPrecondition, InvalidArgument
 from loader.manager import ModelManager, ServedVersion
 from loader.saved_model import Signature, TensorSpec, shape_matches, shape_text
 from server.tensors import dtype_name
@@ -37,12 +37,10 @@ class ServingCore:
     # -- resolution ------------------------------------------------------------------------------------
 
     def resolve(self, name: str, version: int | None = None, label: str = "") -> ServedVersion[GraphExecutor]:
+        """The version a request names, without a lease: for answers that do not run the model."""
         if not name:
             raise InvalidArgument("model_spec.name is empty: name the model to call")
-        if label:
-            self.manager.get(name)  # an unknown model is reported as such first
-            raise NotFound(f"model {name!r} has no version label {label!r} (no version labels are configured)")
-        return self.manager.get(name, version)
+        return self.manager.get(name, version, label)
 
     def is_served(self, name: str) -> bool:
         return self.manager.is_served(name)
@@ -69,11 +67,16 @@ class ServingCore:
         inputs: Mapping[str, np.ndarray],
         output_filter: Sequence[str] = (),
     ) -> PredictResult:
-        served = self.resolve(name, version, label)
-        sig = self.signature(served, signature_name)
-        feeds = self._feeds(served, sig, inputs)
-        aliases, fetches = self._fetches(served, sig, output_filter)
-        values = await self.run_handler.submit(served.servable.run, feeds, fetches)
+        if not name:
+            raise InvalidArgument("model_spec.name is empty: name the model to call")
+        served = self.manager.acquire(name, version, label)  # the version cannot unload under this run
+        try:
+            sig = self.signature(served, signature_name)
+            feeds = self._feeds(served, sig, inputs)
+            aliases, fetches = self._fetches(served, sig, output_filter)
+            values = await self.run_handler.submit(served.servable.run, feeds, fetches)
+        finally:
+            self.manager.release(served)
         return PredictResult(served.name, served.version, sig.name, dict(zip(aliases, values, strict=True)))
 
     @staticmethod

@@ -32,6 +32,15 @@ class ServerSettings:
     model_name: str = DEMO_MODEL_NAME
     # Folder of numbered version folders; the highest loads. Default: the bundled demo model.
     model_base_path: str = ""
+    # TensorFlow Serving's model config file (text-format ModelServerConfig); replaces model_name/base_path.
+    model_config_file: str = ""
+    # Re-read the model config file this often (seconds); 0: read it once.
+    model_config_file_poll_wait_seconds: float = 0.0
+    # Look for new and removed version folders this often (seconds); 0 or less: only at start.
+    file_system_poll_wait_seconds: float = 1.0
+    # A version that fails to load is retried this many times, this far apart (and whenever its files change).
+    max_num_load_retries: int = 5
+    load_retry_interval_micros: int = 60_000_000
     # Largest gRPC message accepted or sent, in bytes.
     max_message_bytes: int = 256 * 1024 * 1024
     # Worker threads that run TensorFlow (RunHandler); default: one per CPU core.

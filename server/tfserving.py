@@ -9,18 +9,21 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
 import grpc
 from google.protobuf import any_pb2
 from tensorflow_serving.apis import (
     get_model_metadata_pb2,
     get_model_status_pb2,
+    model_management_pb2,
     model_service_pb2_grpc,
     predict_pb2,
     prediction_service_pb2_grpc,
 )
 
-from loader.errors import InvalidArgument, ServingError
+from loader.config import ModelSpec, specs_from_proto
+from loader.errors import CODE_NAMES, FailedPrecondition, InvalidArgument, ServingError
 from loader.saved_model import HIDDEN_SIGNATURES
 from server import metrics, tensors
 from server.core import ServingCore
@@ -37,7 +40,8 @@ def rpc(method):
     @functools.wraps(method)
     async def wrapper(self, request, context):
         start = time.perf_counter()
-        model = request.model_spec.name
+        spec = getattr(request, "model_spec", None)
+        model = spec.name if spec is not None else ""
         code = "OK"
         try:
             return await method(self, request, context)
@@ -105,24 +109,29 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
 
 
 class ModelService(model_service_pb2_grpc.ModelServiceServicer):
-    def __init__(self, core: ServingCore):
+    def __init__(self, core: ServingCore, reload_config: Callable[[list[ModelSpec]], Awaitable[list[str]]]):
         self.core = core
+        self.reload_config = reload_config
 
     @rpc
     async def GetModelStatus(self, request: get_model_status_pb2.GetModelStatusRequest, context):
         spec = request.model_spec
-        version = _version(spec)
-        if version is not None or spec.version_label:
-            versions = [self.core.resolve(spec.name, version, spec.version_label)]
-        else:
-            versions = self.core.manager.versions(spec.name)
+        if not spec.name:
+            raise InvalidArgument("model_spec.name is empty: name the model to ask about")
         response = get_model_status_pb2.GetModelStatusResponse()
-        for served in versions:
+        for served in self.core.manager.statuses(spec.name, _version(spec), spec.version_label):
             status = response.model_version_status.add()
             status.version = served.version
             status.state = get_model_status_pb2.ModelVersionStatus.State.Value(served.state)
-            status.status.error_code = 0  # OK
+            if served.error is not None:
+                status.status.error_code = CODE_NAMES.index(served.error.code)
+                status.status.error_message = served.error.message
         return response
 
-    async def HandleReloadConfigRequest(self, request, context):
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "HandleReloadConfigRequest is not supported yet")
+    @rpc
+    async def HandleReloadConfigRequest(self, request: model_management_pb2.ReloadConfigRequest, context):
+        specs = specs_from_proto(request.config, "ReloadConfigRequest.config")
+        problems = await self.reload_config(specs)
+        if problems:
+            raise FailedPrecondition("the new config is in effect except: " + "; ".join(problems))
+        return model_management_pb2.ReloadConfigResponse()

@@ -77,7 +77,7 @@ def test_a_model_that_does_not_load_stops_the_process_with_a_clear_error(tmp_pat
     out = run_to_exit([f"--model_base_path={base}"])
     assert out.returncode != 0
     text = out.stdout + out.stderr
-    assert "did not load" in text
+    assert "nothing to serve" in text
     for fragment in fragments:
         assert fragment in text
 
