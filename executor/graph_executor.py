@@ -11,10 +11,12 @@ wait on that build's future, and callers of other keys never wait on it.
 
 from __future__ import annotations
 
+import difflib
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Hashable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -22,6 +24,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2
 
+from executor.metrics import CacheMetrics
 from loader.errors import InvalidArgument, error_with_code
 from loader.saved_model import SavedModelVersion, shape_matches, shape_text
 from transfer import H2DTransferExecutorFactory, make_factory
@@ -60,12 +63,14 @@ class FeedSpec:
 class LoadedClientGraph:
     """A built client graph: the session callable over the pruned graph and what it needs."""
 
-    key: str
+    key: str  # printed: in1-in2^out1-out2^t1-t2
+    names: Key  # sorted feeds, fetches, targets
     feeds: tuple[FeedSpec, ...]  # sorted by name
     fetch_names: tuple[str, ...]  # sorted, unique
     target_names: tuple[str, ...]  # sorted, unique
     variables: frozenset[str]  # variable ops the pruned graph reads
     build_seconds: float
+    pinned: bool
     _callable: object
 
     def run(self, sorted_feeds: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -77,6 +82,7 @@ class LoadedClientGraph:
 class _Plan:
     """How one caller's name order maps onto a client graph's sorted order."""
 
+    cid: Hashable  # the cache entry: ("graph", name) or the key
     key: Key
     feed_order: tuple[int, ...]  # caller's feed positions, in the graph's sorted feed order
     fetch_index: tuple[int, ...]  # for each caller fetch, its position in the graph's sorted fetches
@@ -92,7 +98,12 @@ def _check_feed(spec: FeedSpec, value: np.ndarray) -> None:
 
 
 class GraphExecutor:
-    """Runs one loaded model version by tensor names through a cache of LoadedClientGraphs."""
+    """Runs one loaded model version by tensor names through a bounded cache of LoadedClientGraphs.
+
+    An entry is found by the caller's explicit graph name when given, else by the sorted names. The cache holds
+    at most ``max_entries`` unpinned graphs (0: no bound), evicting the least recently used; pinned graphs
+    (signature runs, when asked) are never evicted and do not count.
+    """
 
     def __init__(
         self,
@@ -100,59 +111,108 @@ class GraphExecutor:
         *,
         transfer: H2DTransferExecutorFactory | None = None,
         run_in_caller_thread: bool = True,
+        max_entries: int = 0,
+        metrics: CacheMetrics | None = None,
     ):
         self.model = model
         self._transfer = transfer or make_factory("cpu")
         self._run_in_caller_thread = run_in_caller_thread
+        self.max_entries = max_entries
+        self._metrics = metrics or CacheMetrics("", "")
         self._lock = threading.Lock()
-        self._graphs: dict[Key, LoadedClientGraph] = {}
-        self._building: dict[Key, Future] = {}
+        self._graphs: OrderedDict[Hashable, LoadedClientGraph] = OrderedDict()  # least recently used first
+        self._building: dict[Hashable, Future] = {}
         self._plans: dict[tuple, _Plan] = {}
+        self._unpinned = 0
+        self._tensor_names: list[str] | None = None
         self.builds = 0
+        self.evictions = 0
 
     # -- the cache -------------------------------------------------------------------------------------
 
     def client_graph(
-        self, feeds: Sequence[str], fetches: Sequence[str], targets: Sequence[str] = ()
+        self,
+        feeds: Sequence[str],
+        fetches: Sequence[str],
+        targets: Sequence[str] = (),
+        graph_name: str = "",
+        pin: bool = False,
     ) -> LoadedClientGraph:
-        """The LoadedClientGraph for these names, built on first use; any name order gives the same one."""
-        return self._get_or_build(cache_key(feeds, fetches, targets))
+        """The LoadedClientGraph for these names (or this graph name), built on first use."""
+        key = cache_key(feeds, fetches, targets)
+        return self._lookup(("graph", graph_name) if graph_name else key, key, graph_name, pin)
 
     def cached_keys(self) -> list[str]:
-        """The printed keys of the built client graphs."""
+        """The printed keys of the built client graphs (explicitly named ones as ``name=key``)."""
         with self._lock:
-            return sorted(graph.key for graph in self._graphs.values())
+            return sorted(f"{cid[1]}={g.key}" if cid[0] == "graph" else g.key for cid, g in self._graphs.items())
 
-    def _get_or_build(self, key: Key) -> LoadedClientGraph:
-        graph = self._graphs.get(key)
-        if graph is not None:
-            return graph
+    def _lookup(self, cid: Hashable, key: Key, graph_name: str, pin: bool) -> LoadedClientGraph:
+        graph = self._graphs.get(cid)
+        if graph is None:
+            graph = self._get_or_build(cid, key, pin)
+        else:
+            self._metrics.hits.inc()
+            try:
+                self._graphs.move_to_end(cid)
+            except KeyError:  # evicted since; the graph in hand is still good for this run
+                pass
+        if graph.names != key:
+            raise InvalidArgument(
+                f"graph name {graph_name!r} was built for feeds {list(graph.names[0])}, fetches "
+                f"{list(graph.names[1])}, targets {list(graph.names[2])}; this call names feeds {list(key[0])}, "
+                f"fetches {list(key[1])}, targets {list(key[2])}: use another graph name for another set of names"
+            )
+        return graph
+
+    def _get_or_build(self, cid: Hashable, key: Key, pin: bool) -> LoadedClientGraph:
         with self._lock:
-            graph = self._graphs.get(key)
+            graph = self._graphs.get(cid)
             if graph is not None:
                 return graph
-            future = self._building.get(key)
+            future = self._building.get(cid)
             builder = future is None
             if builder:
-                future = self._building[key] = Future()
+                future = self._building[cid] = Future()
+        self._metrics.misses.inc()
         if not builder:
             return future.result()
         try:
-            graph = self._build(key)
+            graph = self._build(key, pin)
         except BaseException as e:
             with self._lock:
-                del self._building[key]
+                del self._building[cid]
             future.set_exception(e)
             raise
         with self._lock:
-            self._graphs[key] = graph
-            del self._building[key]
+            self._graphs[cid] = graph
+            del self._building[cid]
+            if not pin:
+                self._unpinned += 1
+                self._evict_beyond_bound()
+            self._metrics.entries.set(len(self._graphs))
         future.set_result(graph)
         return graph
 
-    def _build(self, key: Key) -> LoadedClientGraph:
+    def _evict_beyond_bound(self) -> None:
+        """Drop least recently used unpinned graphs while over the bound (the lock is held)."""
+        if not self.max_entries or self._unpinned <= self.max_entries:
+            return
+        for cid in [cid for cid, g in self._graphs.items() if not g.pinned]:
+            if self._unpinned <= self.max_entries:
+                break
+            evicted = self._graphs.pop(cid)
+            self._unpinned -= 1
+            self.evictions += 1
+            self._metrics.evictions.inc()
+            log.debug("evicted client graph %s", evicted.key)
+        self._plans.clear()  # plans only name keys, but keep the memo in step with what is cached
+
+    def _build(self, key: Key, pin: bool) -> LoadedClientGraph:
         start = time.perf_counter()
         feeds, fetch_names, target_names = key
+        if not fetch_names and not target_names:
+            raise InvalidArgument("nothing to run: give at least one fetch or one target")
         if len(set(feeds)) != len(feeds):
             raise InvalidArgument(f"a tensor is fed more than once: {list(feeds)}")
         feed_tensors = [self._tensor(n, "feed") for n in feeds]
@@ -180,8 +240,10 @@ class GraphExecutor:
         variables = _variables_read(fetch_tensors, target_ops, feed_tensors)
         seconds = time.perf_counter() - start
         self.builds += 1
+        self._metrics.builds.inc()
+        self._metrics.build_seconds.observe(seconds)
         log.debug("built client graph %s in %.3fs (reads %d variables)", printed, seconds, len(variables))
-        return LoadedClientGraph(printed, specs, fetch_names, target_names, variables, seconds, fn)
+        return LoadedClientGraph(printed, key, specs, fetch_names, target_names, variables, seconds, pin, fn)
 
     def _tensor(self, name: str, role: str):
         try:
@@ -189,30 +251,49 @@ class GraphExecutor:
         except (KeyError, ValueError, TypeError) as e:
             raise InvalidArgument(
                 f"cannot {role} {name!r}: no such tensor in the graph of {self.model.path!r} "
-                f"(tensor names look like 'op_name:0')"
+                f"(tensor names look like 'op_name:0'){self._suggest(name, tensors=True)}"
             ) from e
 
     def _operation(self, name: str):
         try:
             return self.model.graph.get_operation_by_name(name)
         except (KeyError, ValueError, TypeError) as e:
-            raise InvalidArgument(f"cannot run target {name!r}: no such operation in {self.model.path!r}") from e
+            raise InvalidArgument(
+                f"cannot run target {name!r}: no such operation in {self.model.path!r}"
+                f"{self._suggest(name, tensors=False)}"
+            ) from e
+
+    def _suggest(self, name: str, tensors: bool) -> str:
+        ops = self.model.graph.get_operations()
+        if tensors:
+            candidates = [t.name for op in ops for t in op.outputs]
+        else:
+            candidates = [op.name for op in ops]
+        close = difflib.get_close_matches(name, candidates, n=3, cutoff=0.6)
+        return f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
 
     # -- running ---------------------------------------------------------------------------------------
 
     def run(
-        self, inputs: Mapping[str, np.ndarray], fetches: Sequence[str], targets: Sequence[str] = ()
+        self,
+        inputs: Mapping[str, np.ndarray],
+        fetches: Sequence[str],
+        targets: Sequence[str] = (),
+        graph_name: str = "",
+        pin: bool = False,
     ) -> list[np.ndarray]:
         """Run with ``inputs`` by tensor name; returns the ``fetches`` values in the caller's order.
 
-        Raises InvalidArgument for unknown names and for inputs whose dtype or shape the graph rejects.
+        ``graph_name`` names the client graph explicitly (its cache entry is found by that name, and the name
+        must keep meaning the same names); ``pin`` keeps the graph out of eviction. Raises InvalidArgument for
+        unknown names and for inputs whose dtype or shape the graph rejects.
         """
         names = tuple(inputs)
-        plan_key = (names, tuple(fetches), tuple(targets))
+        plan_key = (graph_name, names, tuple(fetches), tuple(targets))
         plan = self._plans.get(plan_key)
         if plan is None:
-            plan = self._plan(names, plan_key[1], plan_key[2])
-        graph = self._graphs.get(plan.key) or self._get_or_build(plan.key)
+            plan = self._plan(plan_key)
+        graph = self._lookup(plan.cid, plan.key, graph_name, pin)
         values = list(inputs.values())
         ordered = [values[i] for i in plan.feed_order]
         for spec, value in zip(graph.feeds, ordered, strict=True):
@@ -228,22 +309,25 @@ class GraphExecutor:
             raise error_with_code(e.error_code, f"running {graph.key!r} failed: {e.message}") from e
         return [results[i] for i in plan.fetch_index]
 
-    def _plan(self, feeds: tuple[str, ...], fetches: tuple[str, ...], targets: tuple[str, ...]) -> _Plan:
+    def _plan(self, plan_key: tuple) -> _Plan:
+        graph_name, feeds, fetches, targets = plan_key
         key = cache_key(feeds, fetches, targets)
         plan = _Plan(
+            cid=("graph", graph_name) if graph_name else key,
             key=key,
             feed_order=tuple(sorted(range(len(feeds)), key=feeds.__getitem__)),
             fetch_index=tuple(key[1].index(n) for n in fetches),
         )
         if len(self._plans) >= _MAX_PLANS:
             self._plans.clear()
-        self._plans[(feeds, fetches, targets)] = plan
+        self._plans[plan_key] = plan
         return plan
 
     def close(self) -> None:
         with self._lock:
             self._graphs.clear()
             self._plans.clear()
+        self._metrics.remove()
         self.model.close()
 
 

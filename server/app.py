@@ -25,13 +25,16 @@ from tensorflow_serving.apis import (
 )
 
 from executor import GraphExecutor, RunHandler
+from executor.metrics import CacheMetrics
 from loader import ModelManager, load_saved_model
 from loader.config import ModelSpec, parse_model_config
 from loader.errors import InvalidArgument
+from protos.servex.v1 import graph_executor_pb2, graph_executor_pb2_grpc
 from server.core import ServingCore
+from server.graph_service import GraphExecutorService
 from server.metrics import start_metrics_server
 from server.settings import ServerSettings
-from server.tfserving import ModelService, PredictionService
+from server.tfserving import ModelService, PredictionService, SessionService
 from transfer import make_factory
 
 log = logging.getLogger("servex")
@@ -47,7 +50,13 @@ def make_manager(settings: ServerSettings) -> ModelManager[GraphExecutor]:
 
     def make(name: str, version: int, path: str) -> GraphExecutor:
         model = load_saved_model(path, session_config=config)
-        return GraphExecutor(model, transfer=transfer, run_in_caller_thread=settings.run_in_caller_thread)
+        return GraphExecutor(
+            model,
+            transfer=transfer,
+            run_in_caller_thread=settings.run_in_caller_thread,
+            max_entries=settings.client_graph_cache_size,
+            metrics=CacheMetrics(name, str(version)),
+        )
 
     return ModelManager(
         make,
@@ -127,9 +136,13 @@ async def serve(settings: ServerSettings) -> int:
     server = grpc.aio.server(options=options)
     manager = make_manager(settings)
     run_handler = RunHandler(settings.num_run_workers)
-    core = ServingCore(manager, run_handler)
+    core = ServingCore(manager, run_handler, settings.pin_signature_graphs)
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
         PredictionService(core, settings.tensor_content_outputs, settings.max_message_bytes), server
+    )
+    SessionService(core, settings.tensor_content_outputs, settings.max_message_bytes).add_to_server(server)
+    graph_executor_pb2_grpc.add_GraphExecutorServicer_to_server(
+        GraphExecutorService(core, settings.max_message_bytes), server
     )
     health_servicer = health.aio.HealthServicer()
     lifecycle = Lifecycle(manager, health_servicer, settings)
@@ -139,6 +152,8 @@ async def serve(settings: ServerSettings) -> int:
         [
             prediction_service_pb2.DESCRIPTOR.services_by_name["PredictionService"].full_name,
             model_service_pb2.DESCRIPTOR.services_by_name["ModelService"].full_name,
+            SessionService.SERVICE,
+            graph_executor_pb2.DESCRIPTOR.services_by_name["GraphExecutor"].full_name,
             health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
             reflection.SERVICE_NAME,
         ],

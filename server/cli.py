@@ -83,6 +83,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="time between retries of a failed load, in microseconds",
     )
     p.add_argument(
+        "--client_graph_cache_size",
+        type=int,
+        default=d.client_graph_cache_size,
+        help="client graphs cached per model version besides pinned ones; least recently used are evicted; 0: no bound",
+    )
+    p.add_argument(
+        "--pin_signature_graphs",
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=d.pin_signature_graphs,
+        help="keep the client graphs of signature runs (Predict and friends) out of eviction",
+    )
+    p.add_argument(
         "--max_message_bytes",
         type=int,
         default=d.max_message_bytes,
@@ -152,6 +166,8 @@ def parse_settings(argv: list[str] | None = None) -> tuple[ServerSettings, str]:
         max_num_load_retries=args.max_num_load_retries,
         load_retry_interval_micros=args.load_retry_interval_micros,
         max_message_bytes=args.max_message_bytes,
+        client_graph_cache_size=args.client_graph_cache_size,
+        pin_signature_graphs=args.pin_signature_graphs,
         num_run_workers=args.num_run_workers,
         tensorflow_intra_op_parallelism=args.tensorflow_intra_op_parallelism,
         tensorflow_inter_op_parallelism=args.tensorflow_inter_op_parallelism,

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from executor import GraphExecutor, RunHandler
+from executor import GraphExecutor, RunHandler, client_graph_key
 from loader.errors import FailedPrecondition, InvalidArgument
 from loader.manager import ModelManager, ServedVersion
 from loader.saved_model import Signature, TensorSpec, shape_matches, shape_text
@@ -30,9 +30,12 @@ class PredictResult:
 
 
 class ServingCore:
-    def __init__(self, manager: ModelManager[GraphExecutor], run_handler: RunHandler):
+    def __init__(
+        self, manager: ModelManager[GraphExecutor], run_handler: RunHandler, pin_signature_graphs: bool = True
+    ):
         self.manager = manager
         self.run_handler = run_handler
+        self.pin_signature_graphs = pin_signature_graphs
 
     # -- resolution ------------------------------------------------------------------------------------
 
@@ -74,10 +77,52 @@ class ServingCore:
             sig = self.signature(served, signature_name)
             feeds = self._feeds(served, sig, inputs)
             aliases, fetches = self._fetches(served, sig, output_filter)
-            values = await self.run_handler.submit(served.servable.run, feeds, fetches)
+            values = await self.run_handler.submit(
+                served.servable.run, feeds, fetches, (), "", self.pin_signature_graphs
+            )
         finally:
             self.manager.release(served)
         return PredictResult(served.name, served.version, sig.name, dict(zip(aliases, values, strict=True)))
+
+    # -- runs by tensor name (SessionRun, servex.v1 GraphExecutor.Run) ---------------------------------
+
+    async def run_graph(
+        self,
+        name: str,
+        version: int | None,
+        label: str,
+        feeds: Mapping[str, np.ndarray],
+        fetches: Sequence[str],
+        targets: Sequence[str] = (),
+        *,
+        graph_name: str = "",
+        aliases_of: str | None = None,
+    ) -> GraphRunResult:
+        """Run by tensor names; with ``aliases_of`` (a signature name), feed and fetch names are that
+        signature's aliases, resolved to tensor names as TensorFlow Serving's SessionRun does."""
+        if not name:
+            raise InvalidArgument("model_spec.name is empty: name the model to call")
+        served = self.manager.acquire(name, version, label)
+        try:
+            if aliases_of is not None:
+                sig = self.signature(served, aliases_of)
+                feeds = {self._alias(served, sig, a, sig.inputs, "input"): v for a, v in feeds.items()}
+                fetches = [self._alias(served, sig, a, sig.outputs, "output") for a in fetches]
+            executor = served.servable
+            values = await self.run_handler.submit(executor.run, feeds, fetches, targets, graph_name)
+            key = client_graph_key(feeds, fetches, targets)
+        finally:
+            self.manager.release(served)
+        return GraphRunResult(served.name, served.version, values, key)
+
+    def _alias(self, served, sig: Signature, alias: str, specs: Mapping[str, TensorSpec], kind: str) -> str:
+        spec = specs.get(alias)
+        if spec is None:
+            raise InvalidArgument(
+                f"{self._where(served, sig)}: {alias!r} is not an {kind} alias of the signature; "
+                f"{kind}s: {', '.join(sorted(specs)) or 'none'}"
+            )
+        return spec.name
 
     @staticmethod
     def _where(served: ServedVersion, sig: Signature) -> str:
@@ -115,6 +160,14 @@ class ServingCore:
                 f"outputs are: {', '.join(sig.output_aliases)}"
             )
         return output_filter, [sig.outputs[a].name for a in output_filter]
+
+
+@dataclass(frozen=True)
+class GraphRunResult:
+    model_name: str
+    version: int
+    outputs: list[np.ndarray]  # in fetch order
+    client_graph_key: str
 
 
 def _input_mismatch(where: str, alias: str, spec: TensorSpec, value: np.ndarray) -> InvalidArgument:

@@ -41,6 +41,10 @@ class ServerSettings:
     # A version that fails to load is retried this many times, this far apart (and whenever its files change).
     max_num_load_retries: int = 5
     load_retry_interval_micros: int = 60_000_000
+    # Client graphs cached per model version beyond the pinned ones (least recently used evicted); 0: no bound.
+    client_graph_cache_size: int = 256
+    # Keep the client graphs of signature runs (Predict, Classify, ...) out of eviction.
+    pin_signature_graphs: bool = True
     # Largest gRPC message accepted or sent, in bytes.
     max_message_bytes: int = 256 * 1024 * 1024
     # Worker threads that run TensorFlow (RunHandler); default: one per CPU core.

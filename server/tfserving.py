@@ -6,9 +6,7 @@ gRPC status it names, with its message; anything unexpected becomes INTERNAL and
 
 from __future__ import annotations
 
-import functools
 import logging
-import time
 from collections.abc import Awaitable, Callable
 
 import grpc
@@ -20,43 +18,17 @@ from tensorflow_serving.apis import (
     model_service_pb2_grpc,
     predict_pb2,
     prediction_service_pb2_grpc,
+    session_service_pb2,
 )
 
 from loader.config import ModelSpec, specs_from_proto
-from loader.errors import CODE_NAMES, FailedPrecondition, InvalidArgument, ServingError
+from loader.errors import CODE_NAMES, FailedPrecondition, InvalidArgument
 from loader.saved_model import HIDDEN_SIGNATURES
-from server import metrics, tensors
+from server import tensors
 from server.core import ServingCore
+from server.rpc import rpc
 
 log = logging.getLogger(__name__)
-
-UNKNOWN_MODEL_LABEL = "_unknown"
-
-
-def rpc(method):
-    """Map ServingErrors to gRPC statuses and record the request's metrics."""
-    name = method.__name__
-
-    @functools.wraps(method)
-    async def wrapper(self, request, context):
-        start = time.perf_counter()
-        spec = getattr(request, "model_spec", None)
-        model = spec.name if spec is not None else ""
-        code = "OK"
-        try:
-            return await method(self, request, context)
-        except ServingError as e:
-            code = e.code
-            await context.abort(getattr(grpc.StatusCode, e.code), e.message)
-        except Exception as e:
-            code = "INTERNAL"
-            log.exception("%s failed", name)
-            await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {name}: {type(e).__name__}: {e}")
-        finally:
-            label = model if self.core.is_served(model) else UNKNOWN_MODEL_LABEL
-            metrics.observe(name, label, code, time.perf_counter() - start)
-
-    return wrapper
 
 
 def _version(spec) -> int | None:
@@ -135,3 +107,49 @@ class ModelService(model_service_pb2_grpc.ModelServiceServicer):
         if problems:
             raise FailedPrecondition("the new config is in effect except: " + "; ".join(problems))
         return model_management_pb2.ReloadConfigResponse()
+
+
+class SessionService:
+    """TensorFlow Serving's SessionService (tensorflow-serving-api ships its messages but no gRPC stubs)."""
+
+    SERVICE = "tensorflow.serving.SessionService"
+
+    def __init__(self, core: ServingCore, tensor_content_outputs: bool = False, max_tensor_bytes: int | None = None):
+        self.core = core
+        self.tensor_content_outputs = tensor_content_outputs
+        self.max_tensor_bytes = max_tensor_bytes
+
+    @rpc
+    async def SessionRun(self, request: session_service_pb2.SessionRunRequest, context):
+        spec = request.model_spec
+        feeds = {}
+        for named in request.feed:
+            if named.name in feeds:
+                raise InvalidArgument(f"feed names {named.name!r} twice")
+            feeds[named.name] = tensors.to_ndarray(named.tensor, named.name, self.max_tensor_bytes)
+        result = await self.core.run_graph(
+            spec.name,
+            _version(spec),
+            spec.version_label,
+            feeds,
+            list(request.fetch),
+            list(request.target),
+            aliases_of=spec.signature_name if request.tensor_name_is_alias else None,
+        )
+        response = session_service_pb2.SessionRunResponse()
+        response.model_spec.name = result.model_name
+        response.model_spec.version.value = result.version
+        response.model_spec.signature_name = spec.signature_name
+        for name, value in zip(request.fetch, result.outputs, strict=True):
+            named = response.tensor.add()
+            named.name = name
+            tensors.fill_proto(named.tensor, value, self.tensor_content_outputs)
+        return response
+
+    def add_to_server(self, server) -> None:
+        handler = grpc.unary_unary_rpc_method_handler(
+            self.SessionRun,
+            request_deserializer=session_service_pb2.SessionRunRequest.FromString,
+            response_serializer=session_service_pb2.SessionRunResponse.SerializeToString,
+        )
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(self.SERVICE, {"SessionRun": handler}),))

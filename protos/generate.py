@@ -1,0 +1,52 @@
+"""Regenerate the Python modules of servex's .proto files (run after editing one; a test checks they are current).
+
+    python -m protos.generate [OUT_DIR]   (default: the repository root, so modules land beside their .proto)
+
+TensorFlow's .proto sources are not in its wheel, so the imports (tensorflow/core/framework/tensor.proto) are
+resolved from the descriptors compiled into the installed TensorFlow modules, passed to protoc as a descriptor set.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+from google.protobuf import descriptor_pb2
+from grpc_tools import protoc
+
+REPO = Path(__file__).resolve().parents[1]
+PROTOS = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "protos").rglob("*.proto"))
+
+
+def _dependency_set() -> descriptor_pb2.FileDescriptorSet:
+    from tensorflow.core.framework import tensor_pb2
+
+    files, seen = [], set()
+
+    def add(file_descriptor) -> None:
+        if file_descriptor.name in seen:
+            return
+        seen.add(file_descriptor.name)
+        for dependency in file_descriptor.dependencies:
+            add(dependency)
+        proto = descriptor_pb2.FileDescriptorProto()
+        file_descriptor.CopyToProto(proto)
+        files.append(proto)
+
+    add(tensor_pb2.DESCRIPTOR)
+    return descriptor_pb2.FileDescriptorSet(file=files)
+
+
+def generate(out_dir: Path) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        deps = Path(tmp) / "deps.pb"
+        deps.write_bytes(_dependency_set().SerializeToString())
+        args = ["protoc", f"-I{REPO}", f"--descriptor_set_in={deps}", f"--python_out={out_dir}",
+                f"--grpc_python_out={out_dir}", *PROTOS]  # fmt: skip
+        if protoc.main(args) != 0:
+            raise SystemExit(f"protoc failed on {PROTOS}")
+
+
+if __name__ == "__main__":
+    generate(Path(sys.argv[1]) if len(sys.argv) > 1 else REPO)

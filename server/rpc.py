@@ -1,0 +1,43 @@
+"""The wrapper every gRPC method of servex goes through: ServingErrors become the gRPC status they name, with
+their message; anything unexpected becomes INTERNAL and is logged; every call is counted and timed."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+
+import grpc
+
+from loader.errors import ServingError
+from server import metrics
+
+log = logging.getLogger(__name__)
+
+UNKNOWN_MODEL_LABEL = "_unknown"
+
+
+def rpc(method):
+    """Map ServingErrors to gRPC statuses and record the request's metrics."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    async def wrapper(self, request, context):
+        start = time.perf_counter()
+        spec = getattr(request, "model_spec", None) or getattr(request, "model", None)
+        model = spec.name if spec is not None else ""
+        code = "OK"
+        try:
+            return await method(self, request, context)
+        except ServingError as e:
+            code = e.code
+            await context.abort(getattr(grpc.StatusCode, e.code), e.message)
+        except Exception as e:
+            code = "INTERNAL"
+            log.exception("%s failed", name)
+            await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {name}: {type(e).__name__}: {e}")
+        finally:
+            label = model if self.core.is_served(model) else UNKNOWN_MODEL_LABEL
+            metrics.observe(name, label, code, time.perf_counter() - start)
+
+    return wrapper

@@ -1,0 +1,191 @@
+"""Runs by tensor name through the client-graph cache: TensorFlow Serving's SessionService/SessionRun and servex's
+own servex.v1.GraphExecutor/Run, against TensorFlow Serving's test models, through the real daemon."""
+
+from __future__ import annotations
+
+import threading
+import urllib.request
+
+import grpc
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow_serving.apis import session_service_pb2
+
+from protos.servex.v1 import graph_executor_pb2, graph_executor_pb2_grpc
+from tests.conftest import COUNTER, HALF_PLUS_TWO_TF1, HALF_PLUS_TWO_TF2
+
+SESSION_RUN = "/tensorflow.serving.SessionService/SessionRun"
+
+
+def session_run(channel, model, feeds=None, fetches=(), targets=(), *, alias=False, signature=""):
+    req = session_service_pb2.SessionRunRequest(fetch=list(fetches), target=list(targets), tensor_name_is_alias=alias)
+    req.model_spec.name = model
+    req.model_spec.signature_name = signature
+    for name, value in (feeds or {}).items():
+        named = req.feed.add(name=name)
+        named.tensor.CopyFrom(tf.make_tensor_proto(value))
+    call = channel.unary_unary(
+        SESSION_RUN,
+        request_serializer=session_service_pb2.SessionRunRequest.SerializeToString,
+        response_deserializer=session_service_pb2.SessionRunResponse.FromString,
+    )
+    reply = call(req, timeout=30)
+    return {t.name: tf.make_ndarray(t.tensor) for t in reply.tensor}, reply
+
+
+def run(channel, model, feeds, fetches, targets=(), graph_name=""):
+    req = graph_executor_pb2.RunRequest(graph_name=graph_name, fetches=list(fetches), targets=list(targets))
+    req.model.name = model
+    for name, value in feeds.items():
+        req.feeds[name].CopyFrom(tf.make_tensor_proto(value))
+    reply = graph_executor_pb2_grpc.GraphExecutorStub(channel).Run(req, timeout=30)
+    return [tf.make_ndarray(t) for t in reply.outputs], reply
+
+
+def metric(daemon, name: str, model: str) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{daemon.metrics_port}/metrics", timeout=10).read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") and f'model="{model}"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def expect_error(code, fragments, fn, *args, **kwargs):
+    with pytest.raises(grpc.RpcError) as info:
+        fn(*args, **kwargs)
+    assert info.value.code() == code, info.value.details()
+    for fragment in fragments:
+        assert fragment in info.value.details(), info.value.details()
+
+
+X = np.array([[1.0], [2.0], [5.0]], np.float32)
+
+
+@pytest.fixture(scope="module")
+def tf1(start_daemon):
+    return start_daemon(f"--model_base_path={HALF_PLUS_TWO_TF1}", "--model_name=hp", "--client_graph_cache_size=2")
+
+
+def test_session_run_by_tensor_names_tf1(tf1):
+    values, reply = session_run(tf1.channel, "hp", {"x:0": X}, ["y:0", "y2:0"])
+    np.testing.assert_array_equal(values["y:0"], 0.5 * X + 2)
+    np.testing.assert_array_equal(values["y2:0"], 0.5 * X + 3)
+    assert [t.name for t in reply.tensor] == ["y:0", "y2:0"]
+    assert reply.model_spec.version.value == 123
+
+
+def test_session_run_by_alias(tf1):
+    values, _ = session_run(tf1.channel, "hp", {"x": X}, ["y"], alias=True)
+    np.testing.assert_array_equal(values["y"], 0.5 * X + 2)
+    expect_error(grpc.StatusCode.INVALID_ARGUMENT, ["'z'", "input alias", "inputs: x"], session_run, tf1.channel, "hp",
+                 {"z": X}, ["y"], alias=True)  # fmt: skip
+
+
+def test_session_run_tf2_by_names_from_the_signature(start_daemon):
+    daemon = start_daemon(f"--model_base_path={HALF_PLUS_TWO_TF2}", "--model_name=hp2")
+    x = np.array([1.0, 2.0, 5.0], np.float32)
+    values, _ = session_run(daemon.channel, "hp2", {"serving_default_x:0": x}, ["StatefulPartitionedCall_5:0"])
+    np.testing.assert_array_equal(values["StatefulPartitionedCall_5:0"], [2.5, 3.0, 4.5])
+    values, _ = session_run(daemon.channel, "hp2", {"x": x}, ["y"], alias=True, signature="serving_default")
+    np.testing.assert_array_equal(values["y"], [2.5, 3.0, 4.5])
+
+
+def test_session_run_on_the_stateful_counter_model(start_daemon):
+    daemon = start_daemon(f"--model_base_path={COUNTER}", "--model_name=counter")
+    ch = daemon.channel
+    assert session_run(ch, "counter", fetches=["counter:0"])[0]["counter:0"] == 0
+    session_run(ch, "counter", targets=["incr_counter_op/AssignAdd"])  # an assign op as a target
+    session_run(ch, "counter", targets=["incr_counter_op/AssignAdd"])
+    assert session_run(ch, "counter", fetches=["counter:0"])[0]["counter:0"] == 2
+    by = session_run(ch, "counter", {"delta:0": np.float32(5)}, ["incr_counter_by_op/AssignAdd:0"])[0]
+    assert by["incr_counter_by_op/AssignAdd:0"] == 7  # an assign op as a fetch
+    assert session_run(ch, "counter", fetches=["output"], alias=True, signature="incr_counter")[0]["output"] == 8
+    assert session_run(ch, "counter", fetches=["reset_counter_op/Assign:0"])[0]["reset_counter_op/Assign:0"] == 0
+    assert session_run(ch, "counter", fetches=["output"], alias=True, signature="get_counter")[0]["output"] == 0
+
+
+def test_permuted_names_share_one_entry_and_answer_the_same(tf1):
+    x2 = np.array([[4.0]], np.float32)
+    feeds_a = {"x:0": X[:1], "x2:0": x2}
+    feeds_b = {"x2:0": x2, "x:0": X[:1]}
+    builds = metric(tf1, "servex_client_graph_builds_total", "hp")
+    first, reply = run(tf1.channel, "hp", feeds_a, ["y:0", "y3:0"])
+    second, _ = run(tf1.channel, "hp", feeds_b, ["y3:0", "y:0"])
+    assert reply.client_graph_key == "x2:0-x:0^y3:0-y:0^"
+    np.testing.assert_array_equal(first[0], second[1])  # outputs come back in each caller's order
+    np.testing.assert_array_equal(first[1], second[0])
+    np.testing.assert_array_equal(first[1], 0.5 * x2 + 3)
+    assert metric(tf1, "servex_client_graph_builds_total", "hp") == builds + 1
+
+
+def test_explicit_graph_name(tf1):
+    out, reply = run(tf1.channel, "hp", {"x:0": X}, ["y:0"], graph_name="half")
+    np.testing.assert_array_equal(out[0], 0.5 * X + 2)
+    out, _ = run(tf1.channel, "hp", {"x:0": X}, ["y:0"], graph_name="half")
+    np.testing.assert_array_equal(out[0], 0.5 * X + 2)
+    expect_error(grpc.StatusCode.INVALID_ARGUMENT, ["'half'", "fetches ['y:0']", "fetches ['y2:0']"],
+                 run, tf1.channel, "hp", {"x:0": X}, ["y2:0"], graph_name="half")  # fmt: skip
+
+
+def test_concurrent_first_calls_build_once(tf1):
+    builds = metric(tf1, "servex_client_graph_builds_total", "hp")
+    barrier = threading.Barrier(12)
+    results, errors = [], []
+
+    def call():
+        channel = grpc.insecure_channel(tf1.address)
+        barrier.wait(30)
+        try:
+            results.append(run(channel, "hp", {"x:0": X}, ["y2:0"], graph_name="concurrent")[0][0])
+        except grpc.RpcError as e:
+            errors.append(e)
+        channel.close()
+
+    threads = [threading.Thread(target=call) for _ in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == [] and len(results) == 12
+    for r in results:
+        np.testing.assert_array_equal(r, 0.5 * X + 3)
+    assert metric(tf1, "servex_client_graph_builds_total", "hp") == builds + 1
+
+
+def test_eviction_under_a_small_bound_rebuilds_correctly(tf1):
+    evictions = metric(tf1, "servex_client_graph_cache_evictions_total", "hp")
+    keys = [({"x:0": X}, ["y:0"]), ({"x:0": X}, ["y2:0"]), ({"x:0": X}, ["y:0", "y2:0"])]
+    for feeds, fetches in keys:
+        run(tf1.channel, "hp", feeds, fetches)
+    assert metric(tf1, "servex_client_graph_cache_evictions_total", "hp") >= evictions + 1
+    builds = metric(tf1, "servex_client_graph_builds_total", "hp")
+    out, _ = run(tf1.channel, "hp", {"x:0": X}, ["y:0"])  # evicted: built again, and right
+    np.testing.assert_array_equal(out[0], 0.5 * X + 2)
+    assert metric(tf1, "servex_client_graph_builds_total", "hp") == builds + 1
+    assert metric(tf1, "servex_client_graph_cache_entries", "hp") >= 2
+    for name in [
+        "servex_client_graph_cache_hits_total",
+        "servex_client_graph_cache_misses_total",
+        "servex_client_graph_builds_total",
+        "servex_client_graph_build_seconds_count",
+        "servex_client_graph_cache_evictions_total",
+        "servex_client_graph_cache_entries",
+    ]:
+        assert metric(tf1, name, "hp") > 0, name
+
+
+def test_errors_name_what_was_wrong(tf1):
+    expect_error(grpc.StatusCode.INVALID_ARGUMENT, ["'x:1'", "did you mean", "'x:0'"],
+                 run, tf1.channel, "hp", {"x:1": X}, ["y:0"])  # fmt: skip
+    expect_error(grpc.StatusCode.INVALID_ARGUMENT, ["'yy:0'", "did you mean", "'y:0'"],
+                 run, tf1.channel, "hp", {"x:0": X}, ["yy:0"])  # fmt: skip
+    expect_error(grpc.StatusCode.INVALID_ARGUMENT, ["'incr_op'", "no such operation"],
+                 run, tf1.channel, "hp", {"x:0": X}, [], ["incr_op"])  # fmt: skip
+    expect_error(grpc.StatusCode.INVALID_ARGUMENT, ["nothing to run"], run, tf1.channel, "hp", {"x:0": X}, [])
+    expect_error(grpc.StatusCode.INVALID_ARGUMENT, ["'x:0'", "float32", "float64"],
+                 run, tf1.channel, "hp", {"x:0": X.astype(np.float64)}, ["y:0"])  # fmt: skip
+    expect_error(grpc.StatusCode.NOT_FOUND, ["'nope'"], run, tf1.channel, "nope", {"x:0": X}, ["y:0"])
+    out, _ = run(tf1.channel, "hp", {"x:0": X}, ["y:0"])  # still serving
+    np.testing.assert_array_equal(out[0], 0.5 * X + 2)
