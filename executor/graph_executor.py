@@ -25,8 +25,9 @@ import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2
 
 from executor.metrics import CacheMetrics
-from loader.errors import InvalidArgument, error_with_code
+from loader.errors import InvalidArgument, ServingError, error_with_code
 from loader.saved_model import SavedModelVersion, shape_matches, shape_text
+from loader.variables import PREPARE_POOL
 from transfer import H2DTransferExecutorFactory, make_factory
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,7 @@ class FeedSpec:
     shape: tuple[int | None, ...] | None  # None: unknown rank
 
 
-@dataclass(frozen=True)
+@dataclass
 class LoadedClientGraph:
     """A built client graph: the session callable over the pruned graph and what it needs."""
 
@@ -72,6 +73,7 @@ class LoadedClientGraph:
     build_seconds: float
     pinned: bool
     _callable: object
+    variables_ready: bool = False  # every variable it reads is on the device
 
     def run(self, sorted_feeds: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Run with feed values in ``feeds`` order; returns fetches in ``fetch_names`` order."""
@@ -294,6 +296,8 @@ class GraphExecutor:
         if plan is None:
             plan = self._plan(plan_key)
         graph = self._lookup(plan.cid, plan.key, graph_name, pin)
+        if not graph.variables_ready:
+            self._restore_variables(graph)
         values = list(inputs.values())
         ordered = [values[i] for i in plan.feed_order]
         for spec, value in zip(graph.feeds, ordered, strict=True):
@@ -303,11 +307,52 @@ class GraphExecutor:
             pending = [h2d.schedule(v) for v in ordered]
             h2d.run()
             ordered = [f.result() for f in pending]
+        gate = self.model.variables.gate
+        if gate is not None:
+            gate.enter()
         try:
             results = graph.run(ordered)
         except tf.errors.OpError as e:  # TensorFlow's own check failed: keep its status code and words
             raise error_with_code(e.error_code, f"running {graph.key!r} failed: {e.message}") from e
+        finally:
+            if gate is not None:
+                gate.leave()
         return [results[i] for i in plan.fetch_index]
+
+    def prepare(
+        self,
+        feeds: Sequence[str],
+        fetches: Sequence[str],
+        targets: Sequence[str] = (),
+        graph_name: str = "",
+        pin: bool = False,
+    ) -> Future | None:
+        """None when the client graph for these names is built and its variables are on the device (the usual
+        case); else a future that completes when they are, doing the build and the restores on the restore pool,
+        so that the caller can wait without holding a run worker."""  # fmt: skip
+        plan_key = (graph_name, tuple(feeds), tuple(fetches), tuple(targets))
+        plan = self._plans.get(plan_key) or self._plan(plan_key)
+        graph = self._graphs.get(plan.cid)
+        if graph is not None and graph.variables_ready:
+            return None
+        return PREPARE_POOL.submit(self._prepare, plan, graph_name, pin)
+
+    def _prepare(self, plan: _Plan, graph_name: str, pin: bool) -> None:
+        graph = self._lookup(plan.cid, plan.key, graph_name, pin)
+        if not graph.variables_ready:
+            self._restore_variables(graph)
+
+    def _restore_variables(self, graph: LoadedClientGraph) -> None:
+        """Lazy restoration: the variables this client graph reads, each restored once, before its first run."""
+        pending = self.model.variables.ensure(graph.variables)
+        if pending is not None:
+            try:
+                pending.result()
+            except ServingError:
+                raise
+            except Exception as e:
+                raise error_with_code(13, f"restoring the variables of {graph.key!r} failed: {e}") from e
+        graph.variables_ready = True
 
     def _plan(self, plan_key: tuple) -> _Plan:
         graph_name, feeds, fetches, targets = plan_key

@@ -55,10 +55,8 @@ def _policy(config: model_server_config_pb2.ModelConfig, where: str) -> VersionP
     policy = config.model_version_policy
     which = policy.WhichOneof("policy_choice")
     if which is None or which == "latest":
-        n = policy.latest.num_versions if which == "latest" else 1
-        if which == "latest" and n < 1:
-            raise InvalidArgument(f"{where}: model_version_policy latest needs num_versions >= 1, got {n}")
-        return VersionPolicy("latest", num_versions=n or 1)
+        # latest {} (num_versions 0) means 1, as in TensorFlow Serving
+        return VersionPolicy("latest", num_versions=max(1, policy.latest.num_versions))
     if which == "all":
         return VersionPolicy("all")
     versions = frozenset(policy.specific.versions)

@@ -93,6 +93,7 @@ class ModelManager(Generic[S]):
         self._lock = threading.Lock()  # guards the tables; held only briefly, never during a load
         self._reconcile_lock = threading.Lock()  # serializes config changes and polls
         self._models: dict[str, _Model[S]] = {}
+        self._closed = False
 
     # -- changing what is served ----------------------------------------------------------------------
 
@@ -109,11 +110,9 @@ class ModelManager(Generic[S]):
                     del self._models[model.spec.name]
                 for spec in specs:
                     model = self._models.get(spec.name)
-                    if model is None or model.spec.base_path != spec.base_path:
-                        if model is not None:
-                            removed.append(model)
+                    if model is None:
                         self._models[spec.name] = _Model(spec)
-                    else:
+                    else:  # a new base path: its versions replace the old ones once they load
                         model.spec = spec
             for model in removed:
                 log.info("model %r removed from the config: unloading", model.spec.name)
@@ -121,7 +120,9 @@ class ModelManager(Generic[S]):
                     self._retire(sv)
             problems = []
             for spec in specs:
-                problems.extend(self._reconcile(self._models[spec.name]))
+                model = self._models.get(spec.name)
+                if model is not None:  # None: unload_all ran meanwhile
+                    problems.extend(self._reconcile(model))
             return problems
 
     def poll(self) -> list[str]:
@@ -138,16 +139,18 @@ class ModelManager(Generic[S]):
             on_disk = list_versions(spec.base_path)
             model.error = None
         except LoadError as e:
+            # A base path that is missing or empty for a moment (being replaced) must not unload what serves.
             if not (quiet and model.error is not None and model.error.message == e.message):
-                log.error("model %r: %s", spec.name, e.message)
+                log.error("model %r: %s (the versions it serves stay)", spec.name, e.message)
             model.error = e
-            on_disk = {}
+            return [f"model {spec.name!r}: {e.message}"]
         tried: set[int] = set()
         while True:
             now = time.monotonic()
             usable = [v for v, path in on_disk.items() if self._usable(model, v, path, now, tried)]
             wanted = spec.policy.select(usable)
-            to_load = [v for v in wanted if v not in model.available()]
+            available = model.available()
+            to_load = [v for v in wanted if v not in available or model.versions[v].path != on_disk[v]]
             if not to_load:
                 break
             for version in sorted(to_load, reverse=True):
@@ -161,7 +164,7 @@ class ModelManager(Generic[S]):
             if sv.state == END and version not in on_disk:
                 with self._lock:
                     model.versions.pop(version, None)
-        problems = [f"model {spec.name!r}: {model.error.message}"] if model.error and not model.available() else []
+        problems = []
         for version in tried:
             sv = model.versions.get(version)
             if sv is not None and sv.state == END and sv.error is not None:
@@ -176,11 +179,11 @@ class ModelManager(Generic[S]):
         return problems
 
     def _usable(self, model: _Model[S], version: int, path: str, now: float, tried: set[int]) -> bool:
+        if version in tried:  # one attempt per version per pass
+            return version in model.available()
         sv = model.versions.get(version)
         if sv is None or sv.state != END or sv.error is None:
             return True
-        if version in tried:
-            return False
         if sv.attempts <= self.max_num_load_retries and now >= sv.retry_at:
             return True
         return folder_fingerprint(path) != sv.fingerprint  # the files changed since it failed: try again
@@ -192,8 +195,10 @@ class ModelManager(Generic[S]):
         fingerprint = folder_fingerprint(path)
         if previous is not None and previous.fingerprint != fingerprint:
             sv.attempts = 0  # new files: a fresh start
-        with self._lock:
-            model.versions[version] = sv
+        replacing = previous is not None and previous.state == AVAILABLE  # same number from a new base path
+        if not replacing:
+            with self._lock:
+                model.versions[version] = sv
         log.info("model %r version %d: loading from %s", name, version, path)
         start = time.monotonic()
         try:
@@ -206,14 +211,35 @@ class ModelManager(Generic[S]):
             retries_left = max(0, self.max_num_load_retries - sv.attempts + 1)
             with self._lock:
                 sv.error, sv.state = error, END
+                if replacing:  # the old files keep serving; the failure is reported by the problems
+                    model.versions[version].error = error
             log.error(
                 "model %r version %d failed to load after %.2fs (attempt %d, %d retries left): %s",
                 name, version, time.monotonic() - start, sv.attempts, retries_left, error.message,
             )  # fmt: skip
             return
         with self._lock:
-            sv.servable, sv.state = servable, AVAILABLE
+            closed = self._closed
+            if not closed:
+                sv.servable, sv.state = servable, AVAILABLE
+                model.versions[version] = sv
+        if closed:  # unload_all ran while this loaded: nobody will serve it
+            sv.state = END
+            self._close(servable)
+            return
+        if replacing:
+            previous.retired = False
+            self._retire_replaced(previous)
         log.info("model %r version %d: available after %.2fs", name, version, time.monotonic() - start)
+
+    def _retire_replaced(self, sv: ServedVersion[S]) -> None:
+        """Retire a version whose slot a reload of the same number has taken."""
+        with self._lock:
+            sv.retired = True
+            close_now = sv.inflight == 0
+            sv.state = UNLOADING
+        if close_now:
+            self._unload(sv)
 
     def _retire(self, sv: ServedVersion[S]) -> None:
         """Take a version out of service; it closes when its last in-flight request releases it."""
@@ -275,7 +301,9 @@ class ModelManager(Generic[S]):
             version = model.spec.labels[label]
         if version is None:
             if not available:
-                why = f": {model.error.message}" if model.error else ""
+                reasons = [model.error.message] if model.error else []
+                reasons += [f"version {v}: {sv.error.message}" for v, sv in sorted(model.versions.items()) if sv.error]
+                why = f": {'; '.join(reasons)}" if reasons else ""
                 raise Unavailable(f"model {name!r} has no version available yet{why}")
             return model.versions[available[-1]]
         sv = model.versions.get(version)
@@ -285,7 +313,9 @@ class ModelManager(Generic[S]):
                 raise NotFound(f"model {name!r} {what} failed to load: {sv.error.message}")
             if sv is not None and sv.state == LOADING:
                 raise Unavailable(f"model {name!r} {what} is still loading (available versions: {available})")
-            raise NotFound(f"model {name!r} has no {what} (available versions: {available})")
+            if label:
+                raise NotFound(f"model {name!r} {what} is not available (available versions: {available})")
+            raise NotFound(f"model {name!r} has no version {version} (available versions: {available})")
         return sv
 
     # -- status ---------------------------------------------------------------------------------------
@@ -299,7 +329,8 @@ class ModelManager(Generic[S]):
                 raise NotFound(f"model {name!r} is not served (served models: {served})")
             if label:
                 if label not in model.spec.labels:
-                    raise NotFound(f"model {name!r} has no version label {label!r}")
+                    labels = ", ".join(f"{k}={v}" for k, v in sorted(model.spec.labels.items())) or "none"
+                    raise NotFound(f"model {name!r} has no version label {label!r} (labels: {labels})")
                 version = model.spec.labels[label]
             if version is not None:
                 sv = model.versions.get(version)
@@ -319,7 +350,9 @@ class ModelManager(Generic[S]):
             return sorted(name for name, m in self._models.items() if m.available())
 
     def unload_all(self) -> None:
+        """Unload everything (shutdown); a load still in progress closes what it makes."""
         with self._lock:
+            self._closed = True
             models, self._models = self._models, {}
         for model in models.values():
             for sv in list(model.versions.values()):

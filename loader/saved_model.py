@@ -15,8 +15,11 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import types_pb2
 from tensorflow.core.protobuf import meta_graph_pb2
+from tensorflow.python.saved_model import loader_impl
 
+from loader.checkpoint import VARIABLE_OPS, Checkpoint, variable_checkpoint_keys
 from loader.errors import LoadError
+from loader.variables import VariableHooks, VariableRecord, VariableStore
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +82,7 @@ class SavedModelVersion:
     session: tf.compat.v1.Session
     meta_graph: meta_graph_pb2.MetaGraphDef
     signatures: dict[str, Signature]
+    variables: VariableStore
 
     def close(self) -> None:
         self.session.close()
@@ -112,9 +116,20 @@ def _signature(name: str, sig: meta_graph_pb2.SignatureDef, path: str) -> Signat
 
 
 def load_saved_model(
-    path: str, tags: tuple[str, ...] = ("serve",), session_config: tf.compat.v1.ConfigProto | None = None
+    path: str,
+    tags: tuple[str, ...] = ("serve",),
+    session_config: tf.compat.v1.ConfigProto | None = None,
+    *,
+    lazy_restore: bool = True,
+    device: str = "cpu",
+    transfer=None,
+    hooks: VariableHooks | None = None,
 ) -> SavedModelVersion:
-    """Load the SavedModel at ``path``; raise LoadError naming the path and what is wrong."""
+    """Load the SavedModel at ``path``; raise LoadError naming the path and what is wrong.
+
+    The graph and the checkpoint's index are read (and the data files checked against the index); with
+    ``lazy_restore`` no variable's data is read until a client graph needs it (or the init op does).
+    """
     if not os.path.isdir(path):
         raise LoadError(f"SavedModel path {path!r} does not exist or is not a directory")
     if not any(os.path.isfile(os.path.join(path, f)) for f in SAVED_MODEL_FILES):
@@ -125,8 +140,19 @@ def load_saved_model(
     graph = tf.Graph()
     session = tf.compat.v1.Session(graph=graph, config=session_config)
     try:
+        loader = loader_impl.SavedModelLoader(path)
+        meta_graph = loader.get_meta_graph_def_from_tags(list(tags))
         with graph.as_default():
-            meta_graph = tf.compat.v1.saved_model.loader.load(session, list(tags), path)
+            loader.load_graph(graph, list(tags))
+            records, checkpoint = _variable_records(graph, meta_graph, path)
+        variables = VariableStore(records, checkpoint.read if checkpoint else None, session, device, transfer, hooks)
+        with graph.as_default():
+            init_op = loader_impl.get_init_op(meta_graph)
+        needed = list(records) if not lazy_restore else _variables_read_by([init_op] if init_op is not None else [])
+        ready = variables.ensure(needed)
+        if ready is not None:
+            ready.result()
+        loader.run_init_ops(session, list(tags))
         signatures = {
             name: _signature(name, sig, path)
             for name, sig in meta_graph.signature_def.items()
@@ -148,5 +174,53 @@ def load_saved_model(
         session.close()
         raise LoadError(f"cannot load SavedModel at {path!r} with tags {list(tags)}: {e}") from e
     graph.finalize()
-    log.info("loaded SavedModel %s (signatures: %s)", path, ", ".join(sorted(signatures)) or "none")
-    return SavedModelVersion(path=path, graph=graph, session=session, meta_graph=meta_graph, signatures=signatures)
+    log.info(
+        "loaded SavedModel %s (signatures: %s; %d variables, %s)",
+        path,
+        ", ".join(sorted(signatures)) or "none",
+        len(records),
+        "restored lazily" if lazy_restore else "all restored",
+    )
+    return SavedModelVersion(
+        path=path, graph=graph, session=session, meta_graph=meta_graph, signatures=signatures, variables=variables
+    )
+
+
+def _variable_records(graph: tf.Graph, meta_graph, path: str) -> tuple[dict[str, VariableRecord], Checkpoint | None]:
+    """For each variable the saver restores: its checkpoint entry, and a placeholder/assign pair to set it."""
+    keys = variable_checkpoint_keys(meta_graph)
+    if not keys:
+        return {}, None
+    checkpoint = Checkpoint(path)
+    records = {}
+    for i, (name, key) in enumerate(sorted(keys.items())):
+        entry = checkpoint.entries.get(key)
+        if entry is None:
+            raise LoadError(f"{path!r}: variable {name!r} reads checkpoint entry {key!r}, which the index lacks")
+        op = graph.get_operation_by_name(name)
+        resource = op.type == "VarHandleOp"
+        with tf.name_scope(f"servex_restore/{i}"):
+            value = tf.compat.v1.placeholder(tf.as_dtype(entry.dtype), shape=entry.shape, name="value")
+            if resource:
+                assign = tf.raw_ops.AssignVariableOp(resource=op.outputs[0], value=value)
+            else:
+                assign = tf.raw_ops.Assign(ref=op.outputs[0], value=value, validate_shape=True, use_locking=True).op
+        records[name] = VariableRecord(
+            name, key, entry.dtype, entry.shape, entry.nbytes, value.name, assign.name, resource
+        )
+    return records, checkpoint
+
+
+def _variables_read_by(ops) -> list[str]:
+    """Variable ops the given ops read (e.g. an init op that initializes a table from a variable)."""
+    seen, found, stack = set(), [], list(ops)
+    while stack:
+        op = stack.pop()
+        if op.name in seen:
+            continue
+        seen.add(op.name)
+        if op.type in VARIABLE_OPS:
+            found.append(op.name)
+        stack.extend(t.op for t in op.inputs)
+        stack.extend(op.control_inputs)
+    return found

@@ -1,0 +1,142 @@
+"""A SavedModel's variables and its checkpoint: which graph variable is which checkpoint entry, what the index
+says about each (dtype, shape), whether the data files hold what the index implies, and reading one tensor.
+
+Only the index is read at load; a tensor's data is read when ``read`` asks for it.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.core.framework import graph_pb2
+from tensorflow.core.protobuf import meta_graph_pb2
+
+from loader.errors import LoadError
+
+VARIABLE_OPS = frozenset({"VariableV2", "Variable", "VarHandleOp"})
+ASSIGN_OPS = frozenset({"Assign", "AssignVariableOp"})
+
+
+def _parse_graph_ref(ref: str) -> tuple[str, int]:
+    """A top-level graph input: ``node``, ``node:k`` (``^node`` is a control input)."""
+    name, _, index = ref.lstrip("^").partition(":")
+    return name, int(index or 0)
+
+
+def _parse_function_ref(ref: str) -> tuple[str, int]:
+    """A function-body input: ``arg``, ``node:output_name:k``."""
+    parts = ref.lstrip("^").split(":")
+    return parts[0], int(parts[2]) if len(parts) == 3 else 0
+
+
+def _keys_in(nodes: dict, parse, resolve_variable) -> dict[str, str]:
+    """Variable -> checkpoint key, from the RestoreV2 ops among ``nodes`` and the assigns fed by them."""
+    found = {}
+    for node in nodes.values():
+        if node.op not in ASSIGN_OPS:
+            continue
+        source, index = parse(node.input[1])
+        while source in nodes and nodes[source].op == "Identity":  # RestoreV2 -> Identity* -> assign
+            source, index = parse(nodes[source].input[0])
+        restore = nodes.get(source)
+        if restore is None or restore.op != "RestoreV2":
+            continue
+        names_node = nodes.get(parse(restore.input[1])[0])
+        if names_node is None or names_node.op != "Const":
+            continue
+        keys = [k.decode() for k in names_node.attr["value"].tensor.string_val]
+        variable = resolve_variable(node.input[0])
+        if variable is not None and index < len(keys):
+            found[variable] = keys[index]
+    return found
+
+
+def variable_checkpoint_keys(meta_graph: meta_graph_pb2.MetaGraphDef) -> dict[str, str]:
+    """Map each variable op of the graph to its checkpoint key, read off the saver's restore op.
+
+    TF1 graphs restore at the top level (``save/RestoreV2`` -> ``Assign``); TF2 graphs call a restore function
+    whose arguments are the variables' handles.
+    """
+    graph: graph_pb2.GraphDef = meta_graph.graph_def
+    nodes = {n.name: n for n in graph.node}
+
+    def top_level_variable(ref: str) -> str | None:
+        name = _parse_graph_ref(ref)[0]
+        return name if name in nodes and nodes[name].op in VARIABLE_OPS else None
+
+    keys = _keys_in(nodes, _parse_graph_ref, top_level_variable)
+    restore_name = _parse_graph_ref(meta_graph.saver_def.restore_op_name)[0] if meta_graph.saver_def else ""
+    call = nodes.get(restore_name)
+    functions = {f.signature.name: f for f in graph.library.function}
+    if call is not None and "f" in call.attr and call.attr["f"].func.name in functions:
+        function = functions[call.attr["f"].func.name]
+        args = [a.name for a in function.signature.input_arg]
+        call_inputs = [i for i in call.input if not i.startswith("^")]
+
+        def argument_variable(ref: str) -> str | None:
+            name = _parse_function_ref(ref)[0]
+            if name not in args:
+                return None
+            return top_level_variable(call_inputs[args.index(name)])
+
+        keys.update(_keys_in({n.name: n for n in function.node_def}, _parse_function_ref, argument_variable))
+    return keys
+
+
+@dataclass(frozen=True)
+class CheckpointEntry:
+    key: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.dtype == object else int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+
+class Checkpoint:
+    """The variables checkpoint of a SavedModel: its index at open, one tensor's data per ``read``."""
+
+    def __init__(self, saved_model_path: str):
+        self.prefix = os.path.join(saved_model_path, "variables", "variables")
+        index = self.prefix + ".index"
+        if not os.path.isfile(index):
+            raise LoadError(f"{saved_model_path!r} has variables but no checkpoint index at {index!r}")
+        try:
+            self._reader = tf.train.load_checkpoint(self.prefix)
+        except Exception as e:  # the index itself is unreadable
+            raise LoadError(f"cannot read the checkpoint index {index!r}: {e}") from e
+        self._lock = threading.Lock()
+        shapes = self._reader.get_variable_to_shape_map()
+        dtypes = self._reader.get_variable_to_dtype_map()
+        self.entries = {
+            key: CheckpointEntry(key, np.dtype(dtypes[key].as_numpy_dtype), tuple(shapes[key])) for key in shapes
+        }
+        self._check_data_files(saved_model_path)
+
+    def _check_data_files(self, saved_model_path: str) -> None:
+        """The data shards exist and hold at least the bytes the index implies (a half-copied or truncated
+        checkpoint fails here, at load, not at the first request that needs a variable)."""
+        shards = sorted(glob.glob(self.prefix + ".data-*"))
+        expected = sum(e.nbytes for e in self.entries.values())
+        if not shards:
+            if expected:
+                raise LoadError(f"{saved_model_path!r}: the checkpoint index lists data, but there is no data file")
+            return
+        found = sum(os.path.getsize(s) for s in shards)
+        if found < expected:
+            raise LoadError(
+                f"{saved_model_path!r}: the checkpoint data files hold {found} bytes, but the index describes "
+                f"{expected} bytes of tensors: truncated or still being copied "
+                f"({', '.join(os.path.basename(s) for s in shards)})"
+            )
+
+    def read(self, key: str) -> np.ndarray:
+        """Read one tensor's data from the data files."""
+        with self._lock:
+            return self._reader.get_tensor(key)
