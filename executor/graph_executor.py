@@ -373,6 +373,7 @@ class GraphExecutor:
             self._graphs.clear()
             self._plans.clear()
         self._metrics.remove()
+        self.model.variables.hooks.remove()
         self.model.close()
 
 

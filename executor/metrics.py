@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from loader.variables import VariableHooks, VariableStore
+
 LABELS = ["model", "version"]
 
 CACHE_HITS = Counter("servex_client_graph_cache_hits", "Runs whose client graph was already built", LABELS)
@@ -36,5 +38,60 @@ class CacheMetrics:
         for metric in (CACHE_HITS, CACHE_MISSES, BUILDS, BUILD_SECONDS, EVICTIONS, ENTRIES):
             try:
                 metric.remove(*self.labels)
+            except KeyError:
+                pass
+
+
+RESTORE_SECONDS = Histogram(
+    "servex_variable_restore_seconds",
+    "Time to read one variable from the checkpoint",
+    LABELS,
+    buckets=(0.0001, 0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+RESTORED_BYTES = Gauge("servex_restored_variable_bytes", "Bytes of variables restored onto their device", LABELS)
+VARIABLES = Gauge(
+    "servex_variables", "Variables by state (UNRESTORED, RESTORING, RESTORED, ON_DEVICE)", [*LABELS, "state"]
+)
+ASSIGNMENTS = Counter("servex_variable_assignments", "Variables replaced through AssignVariable", LABELS)
+
+STATES = ("UNRESTORED", "RESTORING", "RESTORED", "ON_DEVICE")
+
+
+class VariableMetrics(VariableHooks):
+    """Reports one model version's variable store to Prometheus."""
+
+    def __init__(self, model: str, version: str):
+        self.labels = (model, version)
+        self.restore_seconds = RESTORE_SECONDS.labels(model, version)
+        self.restored_bytes = RESTORED_BYTES.labels(model, version)
+        self.assignments = ASSIGNMENTS.labels(model, version)
+        self.states = {state: VARIABLES.labels(model, version, state) for state in STATES}
+
+    def restored(self, entry, seconds: float) -> None:
+        self.restore_seconds.observe(seconds)
+
+    def changed(self, store: VariableStore) -> None:
+        counts = dict.fromkeys(STATES, 0)
+        on_device_bytes = 0
+        for record, state in store.listing():
+            counts[state] += 1
+            if state == "ON_DEVICE":
+                on_device_bytes += record.nbytes
+        for state, gauge in self.states.items():
+            gauge.set(counts[state])
+        self.restored_bytes.set(on_device_bytes)
+
+    def assigned(self, store: VariableStore) -> None:
+        self.assignments.inc()
+
+    def remove(self) -> None:
+        for metric in (RESTORE_SECONDS, RESTORED_BYTES, ASSIGNMENTS):
+            try:
+                metric.remove(*self.labels)
+            except KeyError:
+                pass
+        for state in STATES:
+            try:
+                VARIABLES.remove(*self.labels, state)
             except KeyError:
                 pass

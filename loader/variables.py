@@ -254,6 +254,7 @@ class VariableStore:
         self.loaded = LoadedVariableRegistry()
         # Resource variables are replaced atomically by TensorFlow itself; ref variables need the gate.
         self.gate = RunGate() if any(not r.resource for r in records.values()) else None
+        self.hooks.changed(self)
 
     def ensure(self, names: Iterable[str]) -> Future | None:
         """A future that completes when these variables are on the device; None when they already are."""
@@ -262,7 +263,11 @@ class VariableStore:
             for n in names
             if n in self.records and not self.loaded.placed(n, self.device)
         ]
-        return all_of(pending) if pending else None
+        if not pending:
+            return None
+        combined = all_of(pending)
+        combined.add_done_callback(lambda _: self.hooks.changed(self))  # states as they now are
+        return combined
 
     def _place(self, name: str) -> None:
         record = self.records[name]
@@ -270,7 +275,6 @@ class VariableStore:
         self._assign(record, value)
         self.restore_registry.forget(name)  # the session's variable holds it now; drop the host copy
         log.info("variable %r restored (%d bytes)", name, record.nbytes)
-        self.hooks.changed(self)
 
     def _assign(self, record: VariableRecord, value: np.ndarray) -> None:
         if self._transfer is not None and not self._transfer.passthrough:
@@ -318,3 +322,6 @@ class VariableHooks:
     def changed(self, store: VariableStore) -> None: ...
 
     def assigned(self, store: VariableStore) -> None: ...
+
+    def remove(self) -> None:
+        """The version unloaded: forget what was reported for it."""

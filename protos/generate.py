@@ -20,7 +20,7 @@ PROTOS = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "protos").rglob(
 
 
 def _dependency_set() -> descriptor_pb2.FileDescriptorSet:
-    from tensorflow.core.framework import tensor_pb2
+    from tensorflow.core.framework import tensor_pb2, types_pb2
 
     files, seen = [], set()
 
@@ -35,6 +35,7 @@ def _dependency_set() -> descriptor_pb2.FileDescriptorSet:
         files.append(proto)
 
     add(tensor_pb2.DESCRIPTOR)
+    add(types_pb2.DESCRIPTOR)
     return descriptor_pb2.FileDescriptorSet(file=files)
 
 

@@ -25,11 +25,12 @@ from tensorflow_serving.apis import (
 )
 
 from executor import GraphExecutor, RunHandler
-from executor.metrics import CacheMetrics
+from executor.metrics import CacheMetrics, VariableMetrics
 from loader import ModelManager, load_saved_model
 from loader.config import ModelSpec, parse_model_config
 from loader.errors import InvalidArgument
-from protos.servex.v1 import graph_executor_pb2, graph_executor_pb2_grpc
+from protos.servex.v1 import graph_executor_pb2, graph_executor_pb2_grpc, variables_pb2_grpc
+from server.admin import BearerTokenInterceptor, VariableService
 from server.core import ServingCore
 from server.graph_service import GraphExecutorService
 from server.metrics import start_metrics_server
@@ -49,7 +50,15 @@ def make_manager(settings: ServerSettings) -> ModelManager[GraphExecutor]:
     transfer = make_factory(settings.device)
 
     def make(name: str, version: int, path: str) -> GraphExecutor:
-        model = load_saved_model(path, session_config=config)
+        model = load_saved_model(
+            path,
+            session_config=config,
+            lazy_restore=settings.lazy_restore,
+            device=settings.device,
+            transfer=transfer,
+            hooks=VariableMetrics(name, str(version)),
+        )
+        prefetch(name, version, model, settings.prefetch_variables.get(name, ()))
         return GraphExecutor(
             model,
             transfer=transfer,
@@ -64,6 +73,43 @@ def make_manager(settings: ServerSettings) -> ModelManager[GraphExecutor]:
         max_num_load_retries=settings.max_num_load_retries,
         load_retry_interval_s=settings.load_retry_interval_micros / 1e6,
     )
+
+
+def prefetch(name: str, version: int, model, names: tuple[str, ...]) -> None:
+    """Restore these variables in the background, right after the version loaded."""
+    if not names:
+        return
+    store = model.variables
+    unknown = [n for n in names if n not in store.records]
+    if unknown:
+        log.warning("model %r version %d: no variable(s) %s to prefetch", name, version, unknown)
+    pending = store.ensure([n for n in names if n in store.records])
+    if pending is not None:
+        log.info("model %r version %d: prefetching %d variable(s)", name, version, len(names) - len(unknown))
+        pending.add_done_callback(
+            lambda f: (
+                f.exception() and log.error("model %r version %d: prefetch failed: %s", name, version, f.exception())
+            )
+        )
+
+
+def start_admin_server(settings: ServerSettings, core: ServingCore, options) -> grpc.aio.Server | None:
+    """The admin port (VariableService), or None when it is off."""
+    if not settings.admin_port:
+        return None
+    interceptors = []
+    if settings.admin_token_file:
+        token = Path(settings.admin_token_file).read_text(encoding="utf-8").strip()
+        if not token:
+            raise ValueError(f"admin token file {settings.admin_token_file!r} is empty")
+        interceptors.append(BearerTokenInterceptor(token))
+    server = grpc.aio.server(options=options, interceptors=interceptors)
+    variables_pb2_grpc.add_VariableServiceServicer_to_server(VariableService(core, settings.max_message_bytes), server)
+    address = f"{settings.admin_bind_address}:{settings.admin_port}"
+    if server.add_insecure_port(address) == 0:
+        raise OSError(f"cannot bind the admin port {address}")
+    log.info("admin API on %s (%s)", address, "bearer token required" if interceptors else "loopback only")
+    return server
 
 
 def initial_specs(settings: ServerSettings) -> tuple[list[ModelSpec], str]:
@@ -163,8 +209,15 @@ async def serve(settings: ServerSettings) -> int:
     if server.add_insecure_port(address) == 0:
         log.error("cannot bind gRPC to %s", address)
         return 1
+    try:
+        admin = start_admin_server(settings, core, options)
+    except (OSError, ValueError) as e:
+        log.error("%s", e)
+        return 1
     await health_servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
     await server.start()
+    if admin is not None:
+        await admin.start()
     log.info("gRPC on %s", address)
     metrics_server = None
     if settings.metrics_port:
@@ -202,6 +255,8 @@ async def serve(settings: ServerSettings) -> int:
     log.info("draining: no new calls, in-flight calls have %.0fs to finish", settings.drain_seconds)
     await health_servicer.enter_graceful_shutdown()
     await server.stop(settings.drain_seconds)
+    if admin is not None:
+        await admin.stop(1)
     run_handler.close()
     manager.unload_all()
     if metrics_server is not None:

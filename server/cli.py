@@ -97,6 +97,39 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep the client graphs of signature runs (Predict and friends) out of eviction",
     )
     p.add_argument(
+        "--lazy_restore",
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=d.lazy_restore,
+        help="read a variable's data only when a client graph first needs it; false restores every variable at "
+        "load (load-time failure for users who want it)",
+    )
+    p.add_argument(
+        "--prefetch_variables",
+        action="append",
+        default=[],
+        metavar="MODEL=VAR[,VAR...]",
+        help="variables of MODEL restored in the background right after each version loads (repeatable)",
+    )
+    p.add_argument(
+        "--admin_port",
+        type=int,
+        default=d.admin_port,
+        help="port of the admin gRPC API (servex.v1.VariableService); 0: off, unless --admin_token_file is given "
+        "(then 8503)",
+    )
+    p.add_argument(
+        "--admin_bind_address",
+        default=d.admin_bind_address,
+        help="address the admin port binds to; any but loopback requires --admin_token_file",
+    )
+    p.add_argument(
+        "--admin_token_file",
+        default=d.admin_token_file,
+        help="file holding the bearer token every admin call must send as 'authorization: Bearer TOKEN'",
+    )
+    p.add_argument(
         "--max_message_bytes",
         type=int,
         default=d.max_message_bytes,
@@ -145,6 +178,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_settings(argv: list[str] | None = None) -> tuple[ServerSettings, str]:
     args = build_parser().parse_args(argv)
+    prefetch = {}
+    for item in args.prefetch_variables:
+        model, sep, names = item.partition("=")
+        if not sep or not model or not names:
+            build_parser().error(f"--prefetch_variables expects MODEL=VAR[,VAR...], got {item!r}")
+        prefetch[model] = prefetch.get(model, ()) + tuple(n for n in names.split(",") if n)
+    admin_port = args.admin_port or (8503 if args.admin_token_file else 0)
+    loopback = args.admin_bind_address in ("127.0.0.1", "localhost", "::1")
+    if admin_port and not loopback and not args.admin_token_file:
+        build_parser().error("--admin_bind_address other than loopback needs --admin_token_file")
     if args.model_config_file is not None and (args.model_base_path is not None or args.model_name is not None):
         build_parser().error("--model_config_file replaces --model_name and --model_base_path: give one or the other")
     if args.model_name is not None and args.model_base_path is None:
@@ -166,6 +209,11 @@ def parse_settings(argv: list[str] | None = None) -> tuple[ServerSettings, str]:
         max_num_load_retries=args.max_num_load_retries,
         load_retry_interval_micros=args.load_retry_interval_micros,
         max_message_bytes=args.max_message_bytes,
+        lazy_restore=args.lazy_restore,
+        prefetch_variables=prefetch,
+        admin_port=admin_port,
+        admin_bind_address=args.admin_bind_address,
+        admin_token_file=args.admin_token_file,
         client_graph_cache_size=args.client_graph_cache_size,
         pin_signature_graphs=args.pin_signature_graphs,
         num_run_workers=args.num_run_workers,

@@ -7,7 +7,7 @@ directly.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 
 DEMO_MODEL_NAME = "demo"
@@ -45,6 +45,16 @@ class ServerSettings:
     client_graph_cache_size: int = 256
     # Keep the client graphs of signature runs (Predict, Classify, ...) out of eviction.
     pin_signature_graphs: bool = True
+    # Read a variable's data only when a client graph first needs it (false: restore everything at load).
+    lazy_restore: bool = True
+    # Variables restored in the background right after a version loads: model name -> variable names.
+    prefetch_variables: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # Admin gRPC port (VariableService); 0: off unless a token file is given (then 8503).
+    admin_port: int = 0
+    # Address the admin port binds to; anything but loopback needs admin_token_file.
+    admin_bind_address: str = "127.0.0.1"
+    # File holding the bearer token admin calls must send (authorization: Bearer <token>).
+    admin_token_file: str = ""
     # Largest gRPC message accepted or sent, in bytes.
     max_message_bytes: int = 256 * 1024 * 1024
     # Worker threads that run TensorFlow (RunHandler); default: one per CPU core.

@@ -50,6 +50,17 @@ def dtype_name(dtype: np.dtype) -> str:
     return DT.Name(enum) if enum is not None else np.dtype(dtype).name
 
 
+def dtype_enum(dtype: np.dtype) -> int:
+    """TensorFlow's DataType for a NumPy dtype (DT_STRING for object, bytes and str arrays)."""
+    dtype = np.dtype(dtype)
+    if dtype.kind in "SU":
+        return types_pb2.DT_STRING
+    enum = _ENUM_OF.get(dtype)
+    if enum is None:
+        raise InvalidArgument(f"dtype {dtype.name} has no TensorFlow equivalent")
+    return enum
+
+
 def _shape(proto: tensor_pb2.TensorProto, name: str) -> tuple[int, ...]:
     if proto.tensor_shape.unknown_rank:
         raise InvalidArgument(f"input {name!r}: tensor_shape has unknown_rank set; a request tensor needs its shape")

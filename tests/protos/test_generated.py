@@ -13,7 +13,7 @@ from protos.generate import PROTOS, REPO
 
 
 def test_there_are_protos():
-    assert "protos/servex/v1/graph_executor.proto" in PROTOS
+    assert {"protos/servex/v1/graph_executor.proto", "protos/servex/v1/variables.proto"} <= set(PROTOS)
 
 
 @pytest.fixture(scope="module")

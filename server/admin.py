@@ -1,0 +1,120 @@
+"""The admin surface: servex.v1.VariableService on its own port (--admin_port, loopback by default), guarded by
+a bearer token when --admin_token_file is given. Never served on the public gRPC port."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+
+import grpc
+
+from loader.errors import InvalidArgument
+from loader.variables import VariableStore
+from protos.servex.v1 import graph_executor_pb2, variables_pb2, variables_pb2_grpc
+from server import tensors
+from server.core import ServingCore
+from server.rpc import rpc
+
+log = logging.getLogger(__name__)
+
+STATES = variables_pb2.Variable.State
+
+
+class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
+    """Refuses every call that does not carry ``authorization: Bearer <token>`` (UNAUTHENTICATED)."""
+
+    def __init__(self, token: str):
+        self._expected = f"Bearer {token}".encode()
+
+        async def refuse(request, context):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "admin calls need 'authorization: Bearer <token>'")
+
+        self._refuse = grpc.unary_unary_rpc_method_handler(refuse)
+
+    async def intercept_service(self, continuation, handler_call_details):
+        for key, value in handler_call_details.invocation_metadata or ():
+            if key == "authorization" and hmac.compare_digest(str(value).encode(), self._expected):
+                return await continuation(handler_call_details)
+        return self._refuse
+
+
+def _variable(store: VariableStore, name: str) -> variables_pb2.Variable:
+    record = store.records[name]
+    return variables_pb2.Variable(
+        name=name,
+        dtype=tensors.dtype_enum(record.dtype),
+        shape=list(record.shape),
+        bytes=record.nbytes,
+        state=STATES.Value(store.state(name)),
+        checkpoint_key=record.key,
+    )
+
+
+class VariableService(variables_pb2_grpc.VariableServiceServicer):
+    def __init__(self, core: ServingCore, max_tensor_bytes: int | None = None):
+        self.core = core
+        self.max_tensor_bytes = max_tensor_bytes
+
+    def _resolve(self, model):
+        if not model.name:
+            raise InvalidArgument("model.name is empty: name the model")
+        return self.core.resolve(model.name, model.version if model.HasField("version") else None, model.version_label)
+
+    @staticmethod
+    def _ref(served) -> graph_executor_pb2.ModelRef:
+        return graph_executor_pb2.ModelRef(name=served.name, version=served.version)
+
+    @rpc
+    async def ListVariables(self, request, context):
+        served = self._resolve(request.model)
+        store = served.servable.model.variables
+        response = variables_pb2.ListVariablesResponse(variables=[_variable(store, n) for n in sorted(store.records)])
+        response.model.CopyFrom(self._ref(served))
+        return response
+
+    @rpc
+    async def Prefetch(self, request, context):
+        served = self.core.manager.acquire(
+            request.model.name,
+            request.model.version if request.model.HasField("version") else None,
+            request.model.version_label,
+        )  # the version stays loaded while its variables restore
+        try:
+            store = served.servable.model.variables
+            names = list(request.names) or sorted(store.records)
+            unknown = [n for n in names if n not in store.records]
+            if unknown:
+                raise InvalidArgument(
+                    f"model {served.name!r} version {served.version} has no variable(s) {unknown}; "
+                    f"variables: {', '.join(sorted(store.records)) or 'none'}"
+                )
+            pending = store.ensure(names)
+            if pending is not None and request.wait:
+                await asyncio.wrap_future(pending)
+            response = variables_pb2.PrefetchResponse(variables=[_variable(store, n) for n in names])
+            response.model.CopyFrom(self._ref(served))
+            return response
+        finally:
+            self.core.manager.release(served)
+
+    @rpc
+    async def AssignVariable(self, request, context):
+        served = self.core.manager.acquire(
+            request.model.name,
+            request.model.version if request.model.HasField("version") else None,
+            request.model.version_label,
+        )
+        try:
+            store = served.servable.model.variables
+            value = tensors.to_ndarray(request.value, request.name, self.max_tensor_bytes)
+            await asyncio.get_running_loop().run_in_executor(None, store.assign, request.name, value)
+            log.info(
+                "AssignVariable: model %r version %d variable %r replaced (peer %s)",
+                served.name, served.version, request.name, context.peer(),
+            )  # fmt: skip
+            response = variables_pb2.AssignVariableResponse(variable=_variable(store, request.name))
+            response.model.CopyFrom(self._ref(served))
+            return response
+        finally:
+            self.core.manager.release(served)
