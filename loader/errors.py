@@ -62,6 +62,10 @@ class ResourceExhausted(ServingError):
     code = "RESOURCE_EXHAUSTED"
 
 
+class Unimplemented(ServingError):
+    code = "UNIMPLEMENTED"
+
+
 class Unavailable(ServingError):
     code = "UNAVAILABLE"
 

@@ -45,6 +45,21 @@ class ServingCore:
             raise InvalidArgument("model_spec.name is empty: name the model to call")
         return self.manager.get(name, version, label)
 
+    def acquire(self, name: str, version: int | None = None, label: str = "") -> ServedVersion[GraphExecutor]:
+        """Lease the version a request names for one run; pair with ``release``."""
+        if not name:
+            raise InvalidArgument("model_spec.name is empty: name the model to call")
+        return self.manager.acquire(name, version, label)
+
+    def release(self, served: ServedVersion[GraphExecutor]) -> None:
+        self.manager.release(served)
+
+    async def run_signature_tensors(
+        self, served: ServedVersion[GraphExecutor], feeds: Mapping[str, np.ndarray], fetches: Sequence[str]
+    ) -> list[np.ndarray]:
+        """One run of a leased version by tensor names, as signature runs go (graph pinned when configured)."""
+        return await self.run_handler.submit(served.servable.run, feeds, fetches, (), "", self.pin_signature_graphs)
+
     def is_served(self, name: str) -> bool:
         return self.manager.is_served(name)
 
@@ -70,18 +85,14 @@ class ServingCore:
         inputs: Mapping[str, np.ndarray],
         output_filter: Sequence[str] = (),
     ) -> PredictResult:
-        if not name:
-            raise InvalidArgument("model_spec.name is empty: name the model to call")
-        served = self.manager.acquire(name, version, label)  # the version cannot unload under this run
+        served = self.acquire(name, version, label)  # the version cannot unload under this run
         try:
             sig = self.signature(served, signature_name)
             feeds = self._feeds(served, sig, inputs)
             aliases, fetches = self._fetches(served, sig, output_filter)
-            values = await self.run_handler.submit(
-                served.servable.run, feeds, fetches, (), "", self.pin_signature_graphs
-            )
+            values = await self.run_signature_tensors(served, feeds, fetches)
         finally:
-            self.manager.release(served)
+            self.release(served)
         return PredictResult(served.name, served.version, sig.name, dict(zip(aliases, values, strict=True)))
 
     # -- runs by tensor name (SessionRun, servex.v1 GraphExecutor.Run) ---------------------------------

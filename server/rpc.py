@@ -25,6 +25,8 @@ def rpc(method):
     async def wrapper(self, request, context):
         start = time.perf_counter()
         spec = getattr(request, "model_spec", None) or getattr(request, "model", None)
+        if spec is None and getattr(request, "tasks", None):  # MultiInference: every task names one model
+            spec = request.tasks[0].model_spec
         model = spec.name if spec is not None else ""
         code = "OK"
         try:

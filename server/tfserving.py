@@ -12,19 +12,22 @@ from collections.abc import Awaitable, Callable
 import grpc
 from google.protobuf import any_pb2
 from tensorflow_serving.apis import (
+    classification_pb2,
     get_model_metadata_pb2,
     get_model_status_pb2,
+    inference_pb2,
     model_management_pb2,
     model_service_pb2_grpc,
     predict_pb2,
     prediction_service_pb2_grpc,
+    regression_pb2,
     session_service_pb2,
 )
 
 from loader.config import ModelSpec, specs_from_proto
 from loader.errors import CODE_NAMES, FailedPrecondition, InvalidArgument
 from loader.saved_model import HIDDEN_SIGNATURES
-from server import tensors
+from server import examples, tensors
 from server.core import ServingCore
 from server.rpc import rpc
 
@@ -56,6 +59,18 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
         for alias, value in result.outputs.items():
             tensors.fill_proto(response.outputs[alias], value, self.tensor_content_outputs)
         return response
+
+    @rpc
+    async def Classify(self, request: classification_pb2.ClassificationRequest, context):
+        return await examples.classify(self.core, request)
+
+    @rpc
+    async def Regress(self, request: regression_pb2.RegressionRequest, context):
+        return await examples.regress(self.core, request)
+
+    @rpc
+    async def MultiInference(self, request: inference_pb2.MultiInferenceRequest, context):
+        return await examples.multi_inference(self.core, request)
 
     @rpc
     async def GetModelMetadata(self, request: get_model_metadata_pb2.GetModelMetadataRequest, context):
