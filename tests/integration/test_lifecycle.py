@@ -272,7 +272,8 @@ def _serves(daemon, name) -> bool:
         predict(daemon.channel, name, [[1.0]])
         return True
     except grpc.RpcError as e:
-        assert e.code() == grpc.StatusCode.NOT_FOUND
+        # NOT_FOUND: not configured; UNAVAILABLE: configured, its first version still loading
+        assert e.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE), e.details()
         return False
 
 
