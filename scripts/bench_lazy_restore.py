@@ -117,14 +117,21 @@ def main() -> None:
     serving = request("embed", "serving_default", "ids", np.arange(8, dtype=np.int64).reshape(1, 8), types_pb2.DT_INT64)
     tiny = request("tiny", "serving_default", "x", x, types_pb2.DT_FLOAT)
 
-    def median_of(fn) -> dict:
-        runs = [fn() for _ in range(a.runs)]
-        return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-
     cold = a.cold_disk
-    base = median_of(lambda: measure(work / "tiny", "tiny", [], tiny, cold_disk=cold))
-    lazy = median_of(lambda: measure(work / "embed", "embed", [], calibrate, serving, cold_disk=cold))
-    eager = median_of(lambda: measure(work / "embed", "embed", ["--lazy_restore=false"], calibrate, serving, cold))
+    rounds = []  # interleaved, so that drift in the machine's speed hits all three alike
+    for _ in range(a.runs):
+        rounds.append(
+            (
+                measure(work / "tiny", "tiny", [], tiny, cold_disk=cold),
+                measure(work / "embed", "embed", [], calibrate, serving, cold_disk=cold),
+                measure(work / "embed", "embed", ["--lazy_restore=false"], calibrate, serving, cold_disk=cold),
+            )
+        )
+
+    def median(i: int) -> dict:
+        return {k: statistics.median(r[i][k] for r in rounds) for k in rounds[0][i]}
+
+    base, lazy, eager = median(0), median(1), median(2)
     print("| server | first calibrate answer (s) | increment over tiny (s) | peak RSS (MB) | increment (MB) |")
     print("| --- | --- | --- | --- | --- |")
     print(f"| tiny (baseline) | {base['first_s']:.2f} | | {base['peak_mb']:.0f} | |")
