@@ -39,6 +39,7 @@ from tensorflow_serving.apis import classification_pb2, inference_pb2, input_pb2
 from loader.errors import InvalidArgument, ServingError, Unimplemented
 from loader.saved_model import Signature
 from server.core import DEFAULT_SIGNATURE, ServingCore
+from server.rpc import spec_version
 from server.tensors import dtype_name
 
 CLASSIFY_METHOD = "tensorflow/serving/classify"
@@ -236,14 +237,10 @@ def _fill(result, plan: Plan, values_by_tensor: Mapping[str, np.ndarray], num_ex
 # -- runs ---------------------------------------------------------------------------------------------------
 
 
-def _version(spec) -> int | None:
-    return spec.version.value if spec.HasField("version") else None
-
-
 def _acquire(core: ServingCore, spec, field: str = "model_spec"):
     if not spec.name:
         raise InvalidArgument(f"{field}.name is empty: name the model to call")
-    return core.acquire(spec.name, _version(spec), spec.version_label)
+    return core.acquire(spec.name, spec_version(spec), spec.version_label)
 
 
 async def _run(core: ServingCore, served, where: str, plans: Sequence[Plan], examples: np.ndarray) -> dict:

@@ -17,6 +17,11 @@ log = logging.getLogger(__name__)
 UNKNOWN_MODEL_LABEL = "_unknown"
 
 
+def spec_version(spec) -> int | None:
+    """A TensorFlow Serving ModelSpec's version, or None when it names none (the latest)."""
+    return spec.version.value if spec.HasField("version") else None
+
+
 def rpc(method):
     """Map ServingErrors to gRPC statuses and record the request's metrics."""
     name = method.__name__

@@ -29,13 +29,9 @@ from loader.errors import CODE_NAMES, FailedPrecondition, InvalidArgument
 from loader.saved_model import HIDDEN_SIGNATURES
 from server import examples, tensors
 from server.core import ServingCore
-from server.rpc import rpc
+from server.rpc import rpc, spec_version
 
 log = logging.getLogger(__name__)
-
-
-def _version(spec) -> int | None:
-    return spec.version.value if spec.HasField("version") else None
 
 
 class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
@@ -50,7 +46,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
         limit = self.max_tensor_bytes
         inputs = {alias: tensors.to_ndarray(proto, alias, limit) for alias, proto in request.inputs.items()}
         result = await self.core.predict(
-            spec.name, _version(spec), spec.version_label, spec.signature_name, inputs, request.output_filter
+            spec.name, spec_version(spec), spec.version_label, spec.signature_name, inputs, request.output_filter
         )
         response = predict_pb2.PredictResponse()
         response.model_spec.name = result.model_name
@@ -81,7 +77,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
         if unsupported:
             raise InvalidArgument(f"metadata_field {unsupported} is not supported; supported: ['signature_def']")
         spec = request.model_spec
-        served = self.core.resolve(spec.name, _version(spec), spec.version_label)
+        served = self.core.resolve(spec.name, spec_version(spec), spec.version_label)
         signature_map = get_model_metadata_pb2.SignatureDefMap()
         for name, sig in served.servable.model.meta_graph.signature_def.items():
             if name not in HIDDEN_SIGNATURES:
@@ -106,7 +102,7 @@ class ModelService(model_service_pb2_grpc.ModelServiceServicer):
         if not spec.name:
             raise InvalidArgument("model_spec.name is empty: name the model to ask about")
         response = get_model_status_pb2.GetModelStatusResponse()
-        for served in self.core.manager.statuses(spec.name, _version(spec), spec.version_label):
+        for served in self.core.manager.statuses(spec.name, spec_version(spec), spec.version_label):
             status = response.model_version_status.add()
             status.version = served.version
             status.state = get_model_status_pb2.ModelVersionStatus.State.Value(served.state)
@@ -144,7 +140,7 @@ class SessionService:
             feeds[named.name] = tensors.to_ndarray(named.tensor, named.name, self.max_tensor_bytes)
         result = await self.core.run_graph(
             spec.name,
-            _version(spec),
+            spec_version(spec),
             spec.version_label,
             feeds,
             list(request.fetch),
