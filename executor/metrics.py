@@ -95,3 +95,36 @@ class VariableMetrics(VariableHooks):
                 VARIABLES.remove(*self.labels, state)
             except KeyError:
                 pass
+
+
+RUN_LABELS = ["model", "version", "signature", "priority"]
+FINE_BUCKETS = (
+    0.00005, 0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10,
+)  # fmt: skip
+QUEUE_WAIT = Histogram("servex_queue_wait_seconds", "Time a run waited in the RunHandler's queue", RUN_LABELS,
+                       buckets=FINE_BUCKETS)  # fmt: skip
+RUN_SECONDS = Histogram("servex_run_seconds", "Graph execution time of a run (of its batch, when batched)",
+                        RUN_LABELS, buckets=FINE_BUCKETS)  # fmt: skip
+BATCH_SIZE = Histogram("servex_batch_size", "Requests per executed batch, observed once per request", RUN_LABELS,
+                       buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512))  # fmt: skip
+QUEUE_DEPTH = Gauge("servex_queue_depth", "Runs waiting in the RunHandler's queue, per model", ["model"])
+DEADLINE_EXCEEDED = Counter(
+    "servex_deadline_exceeded", "Requests whose deadline passed while queued (never run)", RUN_LABELS
+)
+REJECTED = Counter("servex_queue_rejected", "Requests refused because the model's queue was full", RUN_LABELS)
+
+
+class RunMetrics:
+    """The RunHandler's label children for one (model, version, signature, priority)."""
+
+    def __init__(self, model: str, version: str, signature: str, priority: str):
+        labels = (model, version, signature, priority)
+        self.queue_wait = QUEUE_WAIT.labels(*labels)
+        self.run_seconds = RUN_SECONDS.labels(*labels)
+        self.batch_size = BATCH_SIZE.labels(*labels)
+        self.queue_depth = QUEUE_DEPTH.labels(model)
+        self.deadline_exceeded = DEADLINE_EXCEEDED.labels(*labels)
+        self._rejected = REJECTED.labels(*labels)
+
+    def rejected(self) -> None:
+        self._rejected.inc()

@@ -1,19 +1,63 @@
-"""RunHandler: the worker threads every run goes through, so that TensorFlow never runs on the event loop.
+"""RunHandler: the one scheduler every run goes through, so that TensorFlow never runs on the event loop.
 
-Callers on an asyncio loop ``await handler.submit(fn, *args)``; a worker thread runs ``fn`` and hands the result
-(or exception) back to the caller's loop. Work is taken in arrival order. (Priorities, deadlines and batching
-build on this queue.)
+Callers on an asyncio loop ``await handler.submit(fn, *args, ticket=...)``; a worker thread runs ``fn`` and
+hands the result (or exception) back to the caller's loop.
+
+Scheduling (the ticket says priority, deadline, model and metric labels):
+- **Priority**: an integer, larger first, default 0 (TensorFlow's convention). Equal priorities keep arrival
+  order. Waiting work ages: its effective priority grows by one every ``aging_seconds``, so a request of
+  priority p waiting behind a steady stream of priority q > p runs after at most (q - p) * aging_seconds plus
+  one run.
+- **Deadlines**: a request whose deadline passed while queued is answered DEADLINE_EXCEEDED and never runs; a
+  cancelled one (its caller went away) is dropped.
+- **Bound**: at most ``max_queued_per_model`` requests of one model wait; beyond it, RESOURCE_EXHAUSTED at once.
+- **Batching** (``submit_batchable``): a free worker takes the highest-priority request and, from the same
+  priority, every queued request of the same client graph whose inputs agree on all but the 0th dimension, up to
+  ``max_batch_size`` rows; they run as one (padded up to the next allowed batch size) and each caller gets
+  exactly its own rows back. A free worker never waits for a batch to fill: batching costs nothing at low load,
+  and under load batches form from what queues while the workers are busy.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
+import itertools
 import logging
-import queue
 import threading
-from collections.abc import Callable
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from executor.metrics import RunMetrics
+from loader.errors import ResourceExhausted, ServingError
 
 log = logging.getLogger(__name__)
+
+
+class DeadlineExceeded(ServingError):
+    code = "DEADLINE_EXCEEDED"
+
+
+@dataclass(frozen=True)
+class BatchingOptions:
+    """TensorFlow Serving's BatchingParameters, as servex applies them."""
+
+    max_batch_size: int = 32
+    allowed_batch_sizes: tuple[int, ...] = ()  # padded up to the next one; the last must be max_batch_size
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """What the scheduler needs to know of one request besides its work."""
+
+    priority: int = 0
+    deadline: float | None = None  # time.monotonic() by which it must have started
+    model: str = ""
+    labels: tuple[str, str, str] = ("", "", "")  # model, version, signature or graph name
 
 
 def _deliver(future: asyncio.Future, ok: bool, value) -> None:
@@ -56,21 +100,70 @@ class _Outbox:
             _deliver(future, ok, value)
 
 
+@dataclass(eq=False)
+class _Item:
+    outbox: _Outbox
+    future: asyncio.Future
+    fn: Callable
+    args: tuple
+    ticket: Ticket
+    seq: int
+    enqueued: float
+    # batchable runs: the GraphExecutor-like object, feeds by tensor name, fetches, and the grouping key
+    batch_key: tuple | None = None
+    feeds: dict = field(default_factory=dict)
+    rows: int = 0
+
+
 class RunHandler:
-    def __init__(self, num_workers: int):
+    def __init__(
+        self,
+        num_workers: int,
+        *,
+        max_queued_per_model: int = 0,
+        aging_seconds: float = 0.1,
+        batching: BatchingOptions | None = None,
+    ):
         if num_workers < 1:
             raise ValueError(f"num_workers must be at least 1, got {num_workers}")
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.max_queued_per_model = max_queued_per_model
+        self.aging_seconds = aging_seconds
+        self.batching = batching
+        self._cond = threading.Condition()
+        self._levels: dict[int, deque[_Item]] = {}
+        self._queued: dict[str, int] = {}
+        self._seq = itertools.count()
         self._closed = False
+        self._stopping = False
         self._outboxes: dict[asyncio.AbstractEventLoop, _Outbox] = {}
+        self._metrics: dict[tuple, RunMetrics] = {}
         self._threads = [
             threading.Thread(target=self._work, name=f"servex-run-{i}", daemon=True) for i in range(num_workers)
         ]
         for t in self._threads:
             t.start()
 
-    def submit(self, fn: Callable, *args) -> asyncio.Future:
+    # -- submitting ------------------------------------------------------------------------------------
+
+    def submit(self, fn: Callable, *args, ticket: Ticket = Ticket()) -> asyncio.Future:
         """Queue ``fn(*args)``; the returned future (on the running loop) completes with its result."""
+        return self._enqueue(fn, args, ticket, None, {})
+
+    def submit_batchable(self, executor, feeds: dict, fetches: Sequence[str], pin: bool, ticket: Ticket):
+        """Queue ``executor.run(feeds, fetches, (), "", pin)``, which may run batched with compatible requests."""
+        fetches = tuple(fetches)
+        batching = self.batching
+        values = list(feeds.values())
+        if batching is None or not values or any(v.ndim == 0 for v in values):
+            return self._enqueue(executor.run, (feeds, fetches, (), "", pin), ticket, None, {})
+        rows = values[0].shape[0]
+        if any(v.shape[0] != rows for v in values) or rows > batching.max_batch_size:
+            return self._enqueue(executor.run, (feeds, fetches, (), "", pin), ticket, None, {})
+        key = (id(executor), tuple(feeds), fetches, pin, tuple((v.dtype, v.shape[1:]) for v in values))
+        item_args = (executor, fetches, pin)
+        return self._enqueue(executor.run, item_args, ticket, key, feeds, rows)
+
+    def _enqueue(self, fn, args, ticket: Ticket, batch_key, feeds, rows: int = 0) -> asyncio.Future:
         if self._closed:
             raise RuntimeError("RunHandler is closed")
         loop = asyncio.get_running_loop()
@@ -78,27 +171,158 @@ class RunHandler:
         if outbox is None:
             outbox = self._outboxes.setdefault(loop, _Outbox(loop))
         future = loop.create_future()
-        self._queue.put((outbox, future, fn, args))
+        metrics = self._metrics_for(ticket)
+        with self._cond:
+            queued = self._queued.get(ticket.model, 0)
+            if self.max_queued_per_model and queued >= self.max_queued_per_model:
+                metrics.rejected()
+                raise ResourceExhausted(
+                    f"model {ticket.model!r}: {queued} requests are queued, the limit (--max_queued_requests); "
+                    f"try again later"
+                )
+            item = _Item(outbox, future, fn, args, ticket, next(self._seq), time.monotonic(), batch_key, feeds, rows)
+            self._levels.setdefault(ticket.priority, deque()).append(item)
+            self._queued[ticket.model] = queued + 1
+            metrics.queue_depth.set(queued + 1)
+            self._cond.notify()
         return future
+
+    def _metrics_for(self, ticket: Ticket) -> RunMetrics:
+        key = (*ticket.labels, ticket.priority)
+        metrics = self._metrics.get(key)
+        if metrics is None:
+            metrics = self._metrics.setdefault(key, RunMetrics(*ticket.labels, str(ticket.priority)))
+        return metrics
+
+    # -- the workers -----------------------------------------------------------------------------------
+
+    def _take(self) -> list[_Item] | None:
+        """The next work (one item, or a batch), or None when stopping; the lock is held."""
+        while True:
+            while not any(self._levels.values()):
+                if self._stopping:
+                    return None
+                self._cond.wait()
+            now = time.monotonic()
+            level = max(
+                (p for p, q in self._levels.items() if q),
+                key=lambda p: (p + (now - self._levels[p][0].enqueued) / self.aging_seconds
+                               if self.aging_seconds > 0 else p, -self._levels[p][0].seq),
+            )  # fmt: skip
+            queue = self._levels[level]
+            item = queue.popleft()
+            self._dequeued(item)
+            if item.future.cancelled():  # the caller went away while this waited
+                continue
+            if item.ticket.deadline is not None and now > item.ticket.deadline:
+                self._expire(item, now)
+                continue
+            batch = [item]
+            if item.batch_key is not None:
+                rows = item.rows
+                for other in list(queue):
+                    if other.batch_key == item.batch_key and rows + other.rows <= self.batching.max_batch_size:
+                        queue.remove(other)
+                        self._dequeued(other)
+                        if other.future.cancelled():
+                            continue
+                        if other.ticket.deadline is not None and now > other.ticket.deadline:
+                            self._expire(other, now)
+                            continue
+                        batch.append(other)
+                        rows += other.rows
+            return batch
+
+    def _expire(self, item: _Item, now: float) -> None:
+        self._metrics_for(item.ticket).deadline_exceeded.inc()
+        error = DeadlineExceeded(
+            f"the deadline passed after {now - item.enqueued:.3f}s in the queue; the run did not happen"
+        )
+        item.outbox.put(item.future, False, error)
+
+    def _dequeued(self, item: _Item) -> None:
+        left = self._queued[item.ticket.model] - 1
+        self._queued[item.ticket.model] = left
+        self._metrics_for(item.ticket).queue_depth.set(left)
 
     def _work(self) -> None:
         while True:
-            item = self._queue.get()
-            if item is None:
+            with self._cond:
+                batch = self._take()
+            if batch is None:
                 return
-            outbox, future, fn, args = item
-            if future.cancelled():  # the caller went away while this waited
-                continue
-            try:
-                result, ok = fn(*args), True
-            except BaseException as e:  # handed to the caller, which decides what it means
-                result, ok = e, False
-            outbox.put(future, ok, result)
+            started = time.monotonic()
+            for item in batch:
+                self._metrics_for(item.ticket).queue_wait.observe(started - item.enqueued)
+            if batch[0].batch_key is None:
+                item = batch[0]
+                try:
+                    result, ok = item.fn(*item.args), True
+                except BaseException as e:  # handed to the caller, which decides what it means
+                    result, ok = e, False
+                self._metrics_for(item.ticket).run_seconds.observe(time.monotonic() - started)
+                item.outbox.put(item.future, ok, result)
+            else:
+                self._run_batch(batch, started)
+
+    def _run_batch(self, batch: list[_Item], started: float) -> None:
+        first = batch[0]
+        executor, fetches, pin = first.args
+        names = list(first.feeds)
+        rows = [item.rows for item in batch]
+        total = sum(rows)
+        size = total
+        allowed = self.batching.allowed_batch_sizes
+        if allowed:
+            size = allowed[min(bisect.bisect_left(allowed, total), len(allowed) - 1)]
+        feeds = {}
+        for name in names:
+            parts = [item.feeds[name] for item in batch]
+            if size > total:  # pad with copies of the last row, as TensorFlow Serving pads
+                parts.append(np.repeat(parts[-1][-1:], size - total, axis=0))
+            feeds[name] = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        try:
+            outputs = executor.run(feeds, fetches, (), "", pin)
+            if any(o.ndim == 0 or o.shape[0] != size for o in outputs):
+                raise _NotBatchable()
+        except _NotBatchable:
+            for item in batch:  # outputs without the batch dimension: run each on its own
+                self._run_alone(item, executor, fetches, pin)
+            return
+        except BaseException as e:
+            if len(batch) > 1:  # one caller's bad input must not fail the others: run each on its own
+                for item in batch:
+                    self._run_alone(item, executor, fetches, pin)
+                return
+            first.outbox.put(first.future, False, e)
+            return
+        seconds = time.monotonic() - started
+        offset = 0
+        for item, n in zip(batch, rows, strict=True):
+            metrics = self._metrics_for(item.ticket)
+            metrics.run_seconds.observe(seconds)
+            metrics.batch_size.observe(len(batch))
+            item.outbox.put(item.future, True, [o[offset : offset + n] for o in outputs])
+            offset += n
+
+    def _run_alone(self, item: _Item, executor, fetches, pin) -> None:
+        started = time.monotonic()
+        try:
+            result, ok = executor.run(item.feeds, fetches, (), "", pin), True
+        except BaseException as e:
+            result, ok = e, False
+        self._metrics_for(item.ticket).run_seconds.observe(time.monotonic() - started)
+        item.outbox.put(item.future, ok, result)
 
     def close(self) -> None:
         """Let queued work finish, then stop the workers; later submits raise RuntimeError."""
         self._closed = True
-        for _ in self._threads:
-            self._queue.put(None)
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
         for t in self._threads:
             t.join()
+
+
+class _NotBatchable(Exception):
+    pass

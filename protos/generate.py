@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 import tempfile
+from importlib import resources
 from pathlib import Path
 
 from google.protobuf import descriptor_pb2
@@ -43,7 +44,8 @@ def generate(out_dir: Path) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         deps = Path(tmp) / "deps.pb"
         deps.write_bytes(_dependency_set().SerializeToString())
-        args = ["protoc", f"-I{REPO}", f"--descriptor_set_in={deps}", f"--python_out={out_dir}",
+        well_known = resources.files("grpc_tools") / "_proto"
+        args = ["protoc", f"-I{REPO}", f"-I{well_known}", f"--descriptor_set_in={deps}", f"--python_out={out_dir}",
                 f"--grpc_python_out={out_dir}", *PROTOS]  # fmt: skip
         if protoc.main(args) != 0:
             raise SystemExit(f"protoc failed on {PROTOS}")

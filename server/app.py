@@ -15,6 +15,7 @@ from pathlib import Path
 
 import grpc
 import tensorflow as tf
+from google.protobuf import text_format
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from tensorflow_serving.apis import (
@@ -26,10 +27,11 @@ from tensorflow_serving.apis import (
 
 from executor import GraphExecutor, RunHandler
 from executor.metrics import CacheMetrics, VariableMetrics
+from executor.run_handler import BatchingOptions
 from loader import ModelManager, load_saved_model
 from loader.config import ModelSpec, parse_model_config
 from loader.errors import InvalidArgument
-from protos.servex.v1 import graph_executor_pb2, graph_executor_pb2_grpc, variables_pb2_grpc
+from protos.servex.v1 import batching_pb2, graph_executor_pb2, graph_executor_pb2_grpc, variables_pb2_grpc
 from server.admin import BearerTokenInterceptor, VariableService
 from server.core import ServingCore
 from server.graph_service import GraphExecutorService
@@ -112,6 +114,32 @@ def start_admin_server(settings: ServerSettings, core: ServingCore, options) -> 
     return server
 
 
+def batching_options(settings: ServerSettings) -> BatchingOptions | None:
+    """The batching settings, from TensorFlow Serving's BatchingParameters file when one is given."""
+    if not settings.enable_batching:
+        return None
+    if not settings.batching_parameters_file:
+        return BatchingOptions()
+    path = settings.batching_parameters_file
+    params = batching_pb2.BatchingParameters()
+    try:
+        text_format.Parse(Path(path).read_text(encoding="utf-8"), params)
+    except text_format.ParseError as e:
+        raise InvalidArgument(f"batching parameters file {path!r} is not BatchingParameters in text format: {e}") from e
+    size = params.max_batch_size.value if params.HasField("max_batch_size") else BatchingOptions.max_batch_size
+    allowed = tuple(params.allowed_batch_sizes)
+    if size < 1:
+        raise InvalidArgument(f"batching parameters file {path!r}: max_batch_size must be at least 1, got {size}")
+    if allowed and (list(allowed) != sorted(set(allowed)) or allowed[-1] != size or allowed[0] < 1):
+        raise InvalidArgument(
+            f"batching parameters file {path!r}: allowed_batch_sizes {list(allowed)} must increase and end with "
+            f"max_batch_size {size}"
+        )
+    if params.HasField("pad_variable_length_inputs") and params.pad_variable_length_inputs.value:
+        log.warning("pad_variable_length_inputs is not supported: requests of other shapes batch separately")
+    return BatchingOptions(max_batch_size=size, allowed_batch_sizes=allowed)
+
+
 def initial_specs(settings: ServerSettings) -> tuple[list[ModelSpec], str]:
     """The models to serve at start, and the config file's text (empty without a config file)."""
     if settings.model_config_file:
@@ -181,7 +209,17 @@ async def serve(settings: ServerSettings) -> int:
     ]
     server = grpc.aio.server(options=options)
     manager = make_manager(settings)
-    run_handler = RunHandler(settings.num_run_workers)
+    try:
+        batching = batching_options(settings)
+    except (OSError, InvalidArgument) as e:
+        log.error("%s", e)
+        return 1
+    run_handler = RunHandler(
+        settings.num_run_workers,
+        max_queued_per_model=settings.max_queued_requests,
+        aging_seconds=settings.priority_aging_ms / 1000,
+        batching=batching,
+    )
     core = ServingCore(manager, run_handler, settings.pin_signature_graphs)
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
         PredictionService(core, settings.tensor_content_outputs, settings.max_message_bytes), server

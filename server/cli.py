@@ -130,6 +130,33 @@ def build_parser() -> argparse.ArgumentParser:
         help="file holding the bearer token every admin call must send as 'authorization: Bearer TOKEN'",
     )
     p.add_argument(
+        "--enable_batching",
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=d.enable_batching,
+        help="merge concurrent compatible requests of one client graph into one run (never waits to fill a batch)",
+    )
+    p.add_argument(
+        "--batching_parameters_file",
+        default=d.batching_parameters_file,
+        help="TensorFlow Serving BatchingParameters in text format: max_batch_size (default 32), "
+        "allowed_batch_sizes (padded up to); implies --enable_batching",
+    )
+    p.add_argument(
+        "--max_queued_requests",
+        type=int,
+        default=d.max_queued_requests,
+        help="requests of one model that may wait for a worker; beyond, RESOURCE_EXHAUSTED at once (0: no bound)",
+    )
+    p.add_argument(
+        "--priority_aging_ms",
+        type=float,
+        default=d.priority_aging_ms,
+        help="a waiting request's priority grows by one every this many ms, so low priority still progresses "
+        "(0: no aging)",
+    )
+    p.add_argument(
         "--max_message_bytes",
         type=int,
         default=d.max_message_bytes,
@@ -209,6 +236,10 @@ def parse_settings(argv: list[str] | None = None) -> tuple[ServerSettings, str]:
         max_num_load_retries=args.max_num_load_retries,
         load_retry_interval_micros=args.load_retry_interval_micros,
         max_message_bytes=args.max_message_bytes,
+        enable_batching=args.enable_batching or bool(args.batching_parameters_file),
+        batching_parameters_file=args.batching_parameters_file,
+        max_queued_requests=args.max_queued_requests,
+        priority_aging_ms=args.priority_aging_ms,
         lazy_restore=args.lazy_restore,
         prefetch_variables=prefetch,
         admin_port=admin_port,

@@ -7,18 +7,27 @@ the RunHandler, which runs it through the version's GraphExecutor. It knows NumP
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from executor import GraphExecutor, RunHandler, client_graph_key
+from executor.run_handler import Ticket
 from loader.errors import FailedPrecondition, InvalidArgument
 from loader.manager import ModelManager, ServedVersion
 from loader.saved_model import Signature, TensorSpec, shape_matches, shape_text
 from server.tensors import dtype_name
 
 DEFAULT_SIGNATURE = "serving_default"
+
+# How the current request is to be scheduled: (priority, deadline as time.monotonic() or None). The protocol
+# adapters set it per call (gRPC metadata x-servex-priority, the Run request's field, the call's deadline);
+# every run the core submits carries it to the RunHandler.
+SCHEDULING: contextvars.ContextVar[tuple[int, float | None]] = contextvars.ContextVar(
+    "servex_scheduling", default=(0, None)
+)
 
 
 @dataclass(frozen=True)
@@ -54,11 +63,23 @@ class ServingCore:
     def release(self, served: ServedVersion[GraphExecutor]) -> None:
         self.manager.release(served)
 
+    @staticmethod
+    def ticket(served: ServedVersion[GraphExecutor], what: str) -> Ticket:
+        priority, deadline = SCHEDULING.get()
+        return Ticket(priority, deadline, served.name, (served.name, str(served.version), what))
+
     async def run_signature_tensors(
-        self, served: ServedVersion[GraphExecutor], feeds: Mapping[str, np.ndarray], fetches: Sequence[str]
+        self,
+        served: ServedVersion[GraphExecutor],
+        feeds: Mapping[str, np.ndarray],
+        fetches: Sequence[str],
+        signature_name: str = "",
     ) -> list[np.ndarray]:
-        """One run of a leased version by tensor names, as signature runs go (graph pinned when configured)."""
-        return await self.run_handler.submit(served.servable.run, feeds, fetches, (), "", self.pin_signature_graphs)
+        """One run of a leased version by tensor names, as signature runs go: batchable with compatible
+        requests, its client graph pinned when configured."""
+        return await self.run_handler.submit_batchable(
+            served.servable, dict(feeds), fetches, self.pin_signature_graphs, self.ticket(served, signature_name)
+        )
 
     def is_served(self, name: str) -> bool:
         return self.manager.is_served(name)
@@ -90,7 +111,7 @@ class ServingCore:
             sig = self.signature(served, signature_name)
             feeds = self._feeds(served, sig, inputs)
             aliases, fetches = self._fetches(served, sig, output_filter)
-            values = await self.run_signature_tensors(served, feeds, fetches)
+            values = await self.run_signature_tensors(served, feeds, fetches, sig.name)
         finally:
             self.release(served)
         return PredictResult(served.name, served.version, sig.name, dict(zip(aliases, values, strict=True)))
@@ -120,7 +141,8 @@ class ServingCore:
                 feeds = {self._alias(served, sig, a, sig.inputs, "input"): v for a, v in feeds.items()}
                 fetches = [self._alias(served, sig, a, sig.outputs, "output") for a in fetches]
             executor = served.servable
-            values = await self.run_handler.submit(executor.run, feeds, fetches, targets, graph_name)
+            ticket = self.ticket(served, graph_name or "_graph")
+            values = await self.run_handler.submit(executor.run, feeds, fetches, targets, graph_name, ticket=ticket)
             key = client_graph_key(feeds, fetches, targets)
         finally:
             self.manager.release(served)

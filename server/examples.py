@@ -250,7 +250,8 @@ async def _run(core: ServingCore, served, where: str, plans: Sequence[Plan], exa
     inputs = sorted({plan.input_name for plan in plans})
     fetches = sorted({tensor for plan in plans for tensor in plan.outputs.values()})
     try:
-        values = await core.run_signature_tensors(served, dict.fromkeys(inputs, examples), fetches)
+        signatures = ",".join(sorted({plan.signature.name for plan in plans}))
+        values = await core.run_signature_tensors(served, dict.fromkeys(inputs, examples), fetches, signatures)
     except ServingError as e:
         hint = _input_hint(plans) if "dtype" in e.message else ""
         error = ServingError(f"{where}: {e.message}{hint}")

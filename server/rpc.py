@@ -9,8 +9,9 @@ import time
 
 import grpc
 
-from loader.errors import ServingError
+from loader.errors import InvalidArgument, ServingError
 from server import metrics
+from server.core import SCHEDULING
 
 log = logging.getLogger(__name__)
 
@@ -20,6 +21,22 @@ UNKNOWN_MODEL_LABEL = "_unknown"
 def spec_version(spec) -> int | None:
     """A TensorFlow Serving ModelSpec's version, or None when it names none (the latest)."""
     return spec.version.value if spec.HasField("version") else None
+
+
+PRIORITY_METADATA = "x-servex-priority"
+
+
+def _scheduling(context) -> tuple[int, float | None]:
+    """The call's priority (gRPC metadata x-servex-priority, default 0) and deadline (monotonic, or None)."""
+    priority = 0
+    for key, value in context.invocation_metadata() or ():
+        if key == PRIORITY_METADATA:
+            try:
+                priority = int(value)
+            except ValueError:
+                raise InvalidArgument(f"metadata {PRIORITY_METADATA} must be an integer, got {value!r}") from None
+    remaining = context.time_remaining()
+    return priority, (time.monotonic() + remaining) if remaining is not None else None
 
 
 def rpc(method):
@@ -35,6 +52,7 @@ def rpc(method):
         model = spec.name if spec is not None else ""
         code = "OK"
         try:
+            SCHEDULING.set(_scheduling(context))
             return await method(self, request, context)
         except ServingError as e:
             code = e.code

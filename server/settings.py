@@ -55,6 +55,14 @@ class ServerSettings:
     admin_bind_address: str = "127.0.0.1"
     # File holding the bearer token admin calls must send (authorization: Bearer <token>).
     admin_token_file: str = ""
+    # Merge concurrent compatible requests of a client graph into one run (TensorFlow Serving's flag).
+    enable_batching: bool = False
+    # TensorFlow Serving BatchingParameters in text format (max_batch_size, allowed_batch_sizes, ...).
+    batching_parameters_file: str = ""
+    # Requests of one model allowed to wait in the queue; beyond, RESOURCE_EXHAUSTED at once. 0: no bound.
+    max_queued_requests: int = 10000
+    # A waiting request's priority grows by one every this many milliseconds (0: no aging).
+    priority_aging_ms: float = 100.0
     # Largest gRPC message accepted or sent, in bytes.
     max_message_bytes: int = 256 * 1024 * 1024
     # Worker threads that run TensorFlow (RunHandler); default: one per CPU core.

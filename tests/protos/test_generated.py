@@ -13,7 +13,11 @@ from protos.generate import PROTOS, REPO
 
 
 def test_there_are_protos():
-    assert {"protos/servex/v1/graph_executor.proto", "protos/servex/v1/variables.proto"} <= set(PROTOS)
+    assert {
+        "protos/servex/v1/graph_executor.proto",
+        "protos/servex/v1/variables.proto",
+        "protos/servex/v1/batching.proto",
+    } <= set(PROTOS)
 
 
 @pytest.fixture(scope="module")
