@@ -212,9 +212,12 @@ class RunHandler:
             queue = self._levels[level]
             item = queue.popleft()
             self._dequeued(item)
-            if item.future.cancelled():  # the caller went away while this waited
+            expired = item.ticket.deadline is not None and now > item.ticket.deadline
+            if item.future.cancelled():  # the caller went away while this waited (gRPC cancels at the deadline)
+                if expired:
+                    self._metrics_for(item.ticket).deadline_exceeded.inc()
                 continue
-            if item.ticket.deadline is not None and now > item.ticket.deadline:
+            if expired:
                 self._expire(item, now)
                 continue
             batch = [item]

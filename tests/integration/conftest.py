@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+import tensorflow as tf
 
 from tests.integration.daemon import Daemon
 
@@ -18,3 +21,23 @@ def start_daemon(tmp_path_factory):
     yield start
     for daemon in started:
         daemon.stop()
+
+
+@pytest.fixture(scope="session")
+def slow_model(tmp_path_factory) -> Path:
+    """A model whose run takes as long as the caller asks: it counts to ``iterations`` in a while loop."""
+
+    class Slow(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([], tf.int64, name="iterations")])
+        def serve(self, iterations):
+            _, count = tf.while_loop(
+                lambda i, c: i < iterations,
+                lambda i, c: (i + 1, c + 1),
+                (tf.constant(0, tf.int64), tf.constant(0, tf.int64)),
+            )
+            return {"count": count}
+
+    base = tmp_path_factory.mktemp("slow")
+    module = Slow()
+    tf.saved_model.save(module, str(base / "1"), signatures={"serving_default": module.serve})
+    return base

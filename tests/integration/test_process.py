@@ -109,26 +109,6 @@ def test_message_size_limit_gives_resource_exhausted_and_keeps_serving(start_dae
     )
 
 
-@pytest.fixture(scope="module")
-def slow_model(tmp_path_factory) -> Path:
-    """A model whose run takes as long as the caller asks: it counts to ``iterations`` in a while loop."""
-
-    class Slow(tf.Module):
-        @tf.function(input_signature=[tf.TensorSpec([], tf.int64, name="iterations")])
-        def serve(self, iterations):
-            _, count = tf.while_loop(
-                lambda i, c: i < iterations,
-                lambda i, c: (i + 1, c + 1),
-                (tf.constant(0, tf.int64), tf.constant(0, tf.int64)),
-            )
-            return {"count": count}
-
-    base = tmp_path_factory.mktemp("slow")
-    module = Slow()
-    tf.saved_model.save(module, str(base / "1"), signatures={"serving_default": module.serve})
-    return base
-
-
 def test_sigterm_finishes_in_flight_calls_refuses_new_ones_and_exits_zero(slow_model, tmp_path):
     daemon = Daemon([f"--model_base_path={slow_model}", "--model_name=slow"], tmp_path).wait_serving()
     iterations = 400_000  # about a second on this machine

@@ -1,0 +1,217 @@
+"""The RunHandler's scheduling: priorities, aging, deadlines, cancellation, the queue bound, batching."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from executor.run_handler import BatchingOptions, DeadlineExceeded, RunHandler, Ticket
+from loader.errors import ResourceExhausted
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 30))
+
+
+class Busy:
+    """Holds the (single) worker until released."""
+
+    def __init__(self, handler: RunHandler):
+        self.started, self.release = threading.Event(), threading.Event()
+        self.future = handler.submit(self._hold)
+
+    def _hold(self):
+        self.started.set()
+        assert self.release.wait(10)
+
+    async def wait_started(self):
+        await asyncio.get_running_loop().run_in_executor(None, self.started.wait, 10)
+
+
+def test_priority_order_while_the_worker_is_busy():
+    handler = RunHandler(1, aging_seconds=0)
+    order = []
+
+    async def main():
+        busy = Busy(handler)
+        await busy.wait_started()
+        futures = [
+            handler.submit(order.append, label, ticket=Ticket(priority=p))
+            for label, p in [("a0", 0), ("b5", 5), ("c1", 1), ("d5", 5), ("e-1", -1)]
+        ]
+        busy.release.set()
+        await asyncio.gather(busy.future, *futures)
+
+    try:
+        run(main())
+    finally:
+        handler.close()
+    assert order == ["b5", "d5", "c1", "a0", "e-1"]  # larger first; equal priorities keep arrival order
+
+
+@pytest.mark.parametrize("aging, expected", [(0.02, ["old-low", "new-high"]), (0, ["new-high", "old-low"])])
+def test_waiting_work_ages(aging, expected):
+    handler = RunHandler(1, aging_seconds=aging)
+    order = []
+
+    async def main():
+        busy = Busy(handler)
+        await busy.wait_started()
+        low = handler.submit(order.append, "old-low", ticket=Ticket(priority=0))
+        await asyncio.sleep(0.3)  # 0.3 s of waiting is worth 15 priority levels at 20 ms each
+        high = handler.submit(order.append, "new-high", ticket=Ticket(priority=3))
+        busy.release.set()
+        await asyncio.gather(busy.future, low, high)
+
+    try:
+        run(main())
+    finally:
+        handler.close()
+    assert order == expected
+
+
+def test_a_request_whose_deadline_passes_in_the_queue_never_runs():
+    handler = RunHandler(1)
+    ran = []
+
+    async def main():
+        busy = Busy(handler)
+        await busy.wait_started()
+        doomed = handler.submit(ran.append, "doomed", ticket=Ticket(deadline=time.monotonic() + 0.05))
+        fine = handler.submit(ran.append, "fine", ticket=Ticket(deadline=time.monotonic() + 30))
+        await asyncio.sleep(0.2)
+        busy.release.set()
+        with pytest.raises(DeadlineExceeded) as info:
+            await doomed
+        await fine
+        return info.value
+
+    try:
+        error = run(main())
+    finally:
+        handler.close()
+    assert ran == ["fine"]
+    assert error.code == "DEADLINE_EXCEEDED" and "did not happen" in error.message
+
+
+def test_a_cancelled_request_is_dropped():
+    handler = RunHandler(1)
+    ran = []
+
+    async def main():
+        busy = Busy(handler)
+        await busy.wait_started()
+        gone = handler.submit(ran.append, "gone")
+        kept = handler.submit(ran.append, "kept")
+        gone.cancel()
+        busy.release.set()
+        await asyncio.gather(busy.future, kept)
+
+    try:
+        run(main())
+    finally:
+        handler.close()
+    assert ran == ["kept"]
+
+
+def test_a_full_queue_answers_resource_exhausted_at_once():
+    handler = RunHandler(1, max_queued_per_model=2)
+
+    async def main():
+        busy = Busy(handler)
+        await busy.wait_started()
+        queued = [handler.submit(lambda: 1, ticket=Ticket(model="m")) for _ in range(2)]
+        with pytest.raises(ResourceExhausted, match="'m'.*2 requests are queued"):
+            handler.submit(lambda: 1, ticket=Ticket(model="m"))
+        other = handler.submit(lambda: 2, ticket=Ticket(model="other"))  # the bound is per model
+        busy.release.set()
+        return await asyncio.gather(*queued, other)
+
+    try:
+        assert run(main()) == [1, 1, 2]
+    finally:
+        handler.close()
+
+
+class Doubler:
+    """A GraphExecutor stand-in for scheduling tests: run() doubles 'x' and records each run's rows."""
+
+    def __init__(self, scalar_output: bool = False):
+        self.runs: list[int] = []
+        self.scalar_output = scalar_output
+
+    def run(self, feeds, fetches, targets=(), graph_name="", pin=False):
+        x = feeds["x"]
+        self.runs.append(x.shape[0])
+        return [np.float32(x.sum())] if self.scalar_output else [x * 2]
+
+
+def _batched(handler, executor, values, priorities=None, shapes_differ=False):
+    async def main():
+        busy = Busy(handler)
+        await busy.wait_started()
+        futures = []
+        for i, value in enumerate(values):
+            ticket = Ticket(priority=priorities[i] if priorities else 0)
+            futures.append(handler.submit_batchable(executor, {"x": value}, ["y"], False, ticket))
+        busy.release.set()
+        await busy.future
+        return await asyncio.gather(*futures)
+
+    return run(main())
+
+
+def test_batches_split_exactly_per_caller():
+    handler = RunHandler(1, batching=BatchingOptions(max_batch_size=8))
+    executor = Doubler()
+    values = [np.full((rows, 3), i, np.float32) for i, rows in enumerate([1, 2, 1, 3])]
+    try:
+        results = _batched(handler, executor, values)
+    finally:
+        handler.close()
+    assert executor.runs == [7]  # one run of all 7 rows
+    for value, result in zip(values, results, strict=True):
+        np.testing.assert_array_equal(result[0], value * 2)
+
+
+def test_batches_pad_up_to_an_allowed_size_and_respect_the_maximum():
+    handler = RunHandler(1, batching=BatchingOptions(max_batch_size=4, allowed_batch_sizes=(2, 4)))
+    executor = Doubler()
+    values = [np.full((1, 2), i, np.float32) for i in range(5)]
+    try:
+        results = _batched(handler, executor, values)
+    finally:
+        handler.close()
+    assert executor.runs == [4, 2]  # 4 rows, then 1 row padded to 2
+    for value, result in zip(values, results, strict=True):
+        np.testing.assert_array_equal(result[0], value * 2)
+        assert result[0].shape == (1, 2)
+
+
+def test_batches_form_per_priority_and_per_shape():
+    handler = RunHandler(1, aging_seconds=0, batching=BatchingOptions(max_batch_size=8))
+    executor = Doubler()
+    values = [np.ones((1, 2), np.float32), np.ones((1, 2), np.float32), np.ones((1, 3), np.float32),
+              np.ones((1, 2), np.float32)]  # fmt: skip
+    try:
+        results = _batched(handler, executor, values, priorities=[0, 9, 0, 0])
+    finally:
+        handler.close()
+    assert executor.runs == [1, 2, 1]  # the high one alone first; then the two [*,2] of priority 0; then [*,3]
+    for value, result in zip(values, results, strict=True):
+        np.testing.assert_array_equal(result[0], value * 2)
+
+
+def test_outputs_without_a_batch_dimension_run_each_request_alone():
+    handler = RunHandler(1, batching=BatchingOptions(max_batch_size=8))
+    executor = Doubler(scalar_output=True)
+    values = [np.full((1, 2), i, np.float32) for i in range(3)]
+    try:
+        results = _batched(handler, executor, values)
+    finally:
+        handler.close()
+    assert [float(r[0]) for r in results] == [0.0, 2.0, 4.0]

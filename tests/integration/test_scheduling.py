@@ -1,0 +1,130 @@
+"""Priorities, deadlines, the queue bound and dynamic batching through the real daemon and real clients."""
+
+from __future__ import annotations
+
+import threading
+import time
+import urllib.request
+
+import grpc
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+from tests.conftest import EXPECTED, HALF_PLUS_TWO_TF1
+
+
+def metric(daemon, name: str, **labels) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{daemon.metrics_port}/metrics", timeout=10).read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def predict(channel, model, alias, value, *, timeout=30, priority=None):
+    req = predict_pb2.PredictRequest()
+    req.model_spec.name = model
+    req.inputs[alias].CopyFrom(tf.make_tensor_proto(value))
+    metadata = (("x-servex-priority", str(priority)),) if priority is not None else None
+    reply = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(req, timeout=timeout, metadata=metadata)
+    return tf.make_ndarray(next(iter(reply.outputs.values())))
+
+
+def test_batched_callers_each_get_their_own_rows(start_daemon):
+    daemon = start_daemon(f"--model_base_path={HALF_PLUS_TWO_TF1}", "--model_name=hp",
+                          f"--batching_parameters_file={EXPECTED / 'batching_config.txt'}")  # fmt: skip
+    errors, wrong = [], []
+
+    def caller(i):
+        channel = grpc.insecure_channel(daemon.address)
+        for j in range(25):
+            x = np.array([[i * 100.0 + j], [-i - j]], np.float32)
+            try:
+                y = predict(channel, "hp", "x", x)
+                if not np.array_equal(y, 0.5 * x + 2):
+                    wrong.append((x, y))
+            except grpc.RpcError as e:
+                errors.append(e)
+        channel.close()
+
+    threads = [threading.Thread(target=caller, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert errors == [] and wrong == []
+    assert metric(daemon, "servex_batch_size_count", model="hp", signature="serving_default") == 16 * 25
+    assert metric(daemon, "servex_queue_wait_seconds_count", model="hp", priority="0") == 16 * 25
+    assert metric(daemon, "servex_run_seconds_count", model="hp", version="123") == 16 * 25
+
+
+def test_priority_metadata_must_be_an_integer(start_daemon):
+    daemon = start_daemon(f"--model_base_path={HALF_PLUS_TWO_TF1}", "--model_name=hp")
+    with pytest.raises(grpc.RpcError) as info:
+        predict(daemon.channel, "hp", "x", np.ones((1, 1), np.float32), priority="high")
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "x-servex-priority" in info.value.details()
+
+
+@pytest.fixture(scope="module")
+def one_worker(start_daemon, slow_model):
+    return start_daemon(f"--model_base_path={slow_model}", "--model_name=slow", "--num_run_workers=1",
+                        "--max_queued_requests=3", "--priority_aging_ms=0")  # fmt: skip
+
+
+def _hold_the_worker(daemon, seconds_of_work=600_000):
+    """A long run that keeps the single worker busy; returns the thread that waits for it."""
+
+    def call():
+        channel = grpc.insecure_channel(daemon.address)
+        predict(channel, "slow", "iterations", np.array(seconds_of_work, np.int64), timeout=60)
+        channel.close()
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    time.sleep(0.3)
+    return thread
+
+
+def test_expired_requests_never_run_and_priorities_order_the_queue(one_worker):
+    daemon = one_worker
+    expired_before = metric(daemon, "servex_deadline_exceeded_total", model="slow")
+    holder = _hold_the_worker(daemon)
+    with pytest.raises(grpc.RpcError) as info:
+        predict(daemon.channel, "slow", "iterations", np.array(1, np.int64), timeout=0.2)
+    assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    done = []
+
+    def call(label, priority):  # each queued run takes a while, so the order they ran in shows in when they end
+        channel = grpc.insecure_channel(daemon.address)
+        predict(channel, "slow", "iterations", np.array(200_000, np.int64), priority=priority)
+        done.append(label)
+        channel.close()
+
+    low = threading.Thread(target=call, args=("low", -5))
+    low.start()
+    time.sleep(0.1)
+    high = threading.Thread(target=call, args=("high", 7))
+    high.start()
+    for t in (holder, low, high):
+        t.join(60)
+    assert done == ["high", "low"]
+    assert metric(daemon, "servex_deadline_exceeded_total", model="slow") == expired_before + 1
+
+
+def test_a_full_queue_answers_resource_exhausted(one_worker):
+    daemon = one_worker
+    holder = _hold_the_worker(daemon)
+    queued = [threading.Thread(target=predict, args=(grpc.insecure_channel(daemon.address), "slow", "iterations",
+                                                   np.array(10, np.int64))) for _ in range(3)]  # fmt: skip
+    for t in queued:
+        t.start()
+    time.sleep(0.2)
+    with pytest.raises(grpc.RpcError) as info:
+        predict(daemon.channel, "slow", "iterations", np.array(10, np.int64))
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "queued" in info.value.details()
+    for t in (holder, *queued):
+        t.join(60)
+    assert predict(daemon.channel, "slow", "iterations", np.array(3, np.int64)) == 3
