@@ -7,6 +7,7 @@ the RunHandler, which runs it through the version's GraphExecutor. It knows NumP
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -77,9 +78,18 @@ class ServingCore:
     ) -> list[np.ndarray]:
         """One run of a leased version by tensor names, as signature runs go: batchable with compatible
         requests, its client graph pinned when configured."""
+        await self._prepared(served, feeds, fetches, (), "", self.pin_signature_graphs)
         return await self.run_handler.submit_batchable(
             served.servable, dict(feeds), fetches, self.pin_signature_graphs, self.ticket(served, signature_name)
         )
+
+    @staticmethod
+    async def _prepared(served, feeds, fetches, targets, graph_name: str, pin: bool) -> None:
+        """Build the client graph and restore its variables off the run workers (lazy restoration), so that a
+        first run that must read a large table never holds a worker that ready graphs could use."""
+        pending = served.servable.prepare(tuple(feeds), fetches, targets, graph_name, pin)
+        if pending is not None:
+            await asyncio.wrap_future(pending)
 
     def is_served(self, name: str) -> bool:
         return self.manager.is_served(name)
@@ -141,6 +151,7 @@ class ServingCore:
                 feeds = {self._alias(served, sig, a, sig.inputs, "input"): v for a, v in feeds.items()}
                 fetches = [self._alias(served, sig, a, sig.outputs, "output") for a in fetches]
             executor = served.servable
+            await self._prepared(served, feeds, fetches, targets, graph_name, False)
             ticket = self.ticket(served, graph_name or "_graph")
             values = await self.run_handler.submit(executor.run, feeds, fetches, targets, graph_name, ticket=ticket)
             key = client_graph_key(feeds, fetches, targets)
