@@ -23,12 +23,23 @@ from server.tensors import dtype_name
 
 DEFAULT_SIGNATURE = "serving_default"
 
-# How the current request is to be scheduled: (priority, deadline as time.monotonic() or None). The protocol
-# adapters set it per call (gRPC metadata x-servex-priority, the Run request's field, the call's deadline);
+
+class RequestInfo:
+    """What the protocol adapter knows of the current call (its priority and deadline) and what the core learns
+    (the version and signature that ran), shared through a context variable for scheduling and metrics."""
+
+    __slots__ = ("priority", "deadline", "version", "signature")
+
+    def __init__(self, priority: int = 0, deadline: float | None = None):
+        self.priority = priority
+        self.deadline = deadline  # time.monotonic() by which the run must start, or None
+        self.version = ""
+        self.signature = ""
+
+
+# Set per call by the adapters (gRPC metadata x-servex-priority, the Run request's field, the call's deadline);
 # every run the core submits carries it to the RunHandler.
-SCHEDULING: contextvars.ContextVar[tuple[int, float | None]] = contextvars.ContextVar(
-    "servex_scheduling", default=(0, None)
-)
+REQUEST: contextvars.ContextVar[RequestInfo] = contextvars.ContextVar("servex_request")
 
 
 @dataclass(frozen=True)
@@ -66,8 +77,9 @@ class ServingCore:
 
     @staticmethod
     def ticket(served: ServedVersion[GraphExecutor], what: str) -> Ticket:
-        priority, deadline = SCHEDULING.get()
-        return Ticket(priority, deadline, served.name, (served.name, str(served.version), what))
+        info = REQUEST.get(None) or RequestInfo()
+        info.version, info.signature = str(served.version), what
+        return Ticket(info.priority, info.deadline, served.name, (served.name, info.version, what))
 
     async def run_signature_tensors(
         self,

@@ -14,26 +14,49 @@ from prometheus_client import Counter, Histogram
 log = logging.getLogger(__name__)
 prometheus_client.disable_created_metrics()  # the *_created gauges only add series nobody graphs
 
-LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+LATENCY_BUCKETS = (
+    0.00005,
+    0.0001,
+    0.00025,
+    0.0005,
+    0.00075,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+)
 
+LABELS = ["method", "model", "version", "signature", "priority"]
 REQUESTS = Counter(
-    "servex_requests", "Requests answered, by API method, model and gRPC status code", ["method", "model", "code"]
+    "servex_requests",
+    "Requests answered, by API method, model, version, signature (or graph name), priority and gRPC status code",
+    [*LABELS, "code"],
 )
 REQUEST_LATENCY = Histogram(
     "servex_request_latency_seconds",
-    "Time from a request's arrival in the handler to its answer, by API method and model",
-    ["method", "model"],
+    "Time from a request's arrival in its handler to its answer (end to end in the server)",
+    LABELS,
     buckets=LATENCY_BUCKETS,
 )
 
 _children: dict[tuple, tuple] = {}
 
 
-def observe(method: str, model: str, code: str, seconds: float) -> None:
-    key = (method, model, code)
+def observe(labels: tuple[str, str, str, str, str], code: str, seconds: float) -> None:
+    """Count and time one answered call; ``labels`` are method, model, version, signature, priority."""
+    key = (labels, code)
     pair = _children.get(key)
     if pair is None:
-        pair = _children[key] = (REQUESTS.labels(method, model, code), REQUEST_LATENCY.labels(method, model))
+        pair = _children[key] = (REQUESTS.labels(*labels, code), REQUEST_LATENCY.labels(*labels))
     pair[0].inc()
     pair[1].observe(seconds)
 

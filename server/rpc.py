@@ -11,7 +11,7 @@ import grpc
 
 from loader.errors import InvalidArgument, ServingError
 from server import metrics
-from server.core import SCHEDULING
+from server.core import REQUEST, RequestInfo
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ def spec_version(spec) -> int | None:
 PRIORITY_METADATA = "x-servex-priority"
 
 
-def _scheduling(context) -> tuple[int, float | None]:
+def _request_info(context) -> RequestInfo:
     """The call's priority (gRPC metadata x-servex-priority, default 0) and deadline (monotonic, or None)."""
     priority = 0
     for key, value in context.invocation_metadata() or ():
@@ -36,7 +36,7 @@ def _scheduling(context) -> tuple[int, float | None]:
             except ValueError:
                 raise InvalidArgument(f"metadata {PRIORITY_METADATA} must be an integer, got {value!r}") from None
     remaining = context.time_remaining()
-    return priority, (time.monotonic() + remaining) if remaining is not None else None
+    return RequestInfo(priority, (time.monotonic() + remaining) if remaining is not None else None)
 
 
 def rpc(method):
@@ -51,8 +51,10 @@ def rpc(method):
             spec = request.tasks[0].model_spec
         model = spec.name if spec is not None else ""
         code = "OK"
+        info = RequestInfo()
         try:
-            SCHEDULING.set(_scheduling(context))
+            info = _request_info(context)
+            REQUEST.set(info)
             return await method(self, request, context)
         except ServingError as e:
             code = e.code
@@ -63,6 +65,7 @@ def rpc(method):
             await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {name}: {type(e).__name__}: {e}")
         finally:
             label = model if self.core.is_served(model) else UNKNOWN_MODEL_LABEL
-            metrics.observe(name, label, code, time.perf_counter() - start)
+            labels = (name, label, info.version, info.signature, str(info.priority))
+            metrics.observe(labels, code, time.perf_counter() - start)
 
     return wrapper

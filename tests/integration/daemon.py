@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import grpc
@@ -95,3 +96,18 @@ def run_to_exit(args: list[str], timeout: float = START_TIMEOUT_S) -> subprocess
         *args,
     ]
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
+def metric(daemon: Daemon, name: str, **labels: str) -> float:
+    """The sum of the samples named ``name`` on the daemon's /metrics whose labels include ``labels``
+    (parsed with prometheus_client's own parser)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    url = f"http://127.0.0.1:{daemon.metrics_port}/metrics"
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
+    )

@@ -4,7 +4,6 @@ own servex.v1.GraphExecutor/Run, against TensorFlow Serving's test models, throu
 from __future__ import annotations
 
 import threading
-import urllib.request
 
 import grpc
 import numpy as np
@@ -14,6 +13,7 @@ from tensorflow_serving.apis import session_service_pb2
 
 from protos.servex.v1 import graph_executor_pb2, graph_executor_pb2_grpc
 from tests.conftest import COUNTER, HALF_PLUS_TWO_TF1, HALF_PLUS_TWO_TF2
+from tests.integration.daemon import metric
 
 SESSION_RUN = "/tensorflow.serving.SessionService/SessionRun"
 
@@ -41,15 +41,6 @@ def run(channel, model, feeds, fetches, targets=(), graph_name=""):
         req.feeds[name].CopyFrom(tf.make_tensor_proto(value))
     reply = graph_executor_pb2_grpc.GraphExecutorStub(channel).Run(req, timeout=30)
     return [tf.make_ndarray(t) for t in reply.outputs], reply
-
-
-def metric(daemon, name: str, model: str) -> float:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{daemon.metrics_port}/metrics", timeout=10).read().decode()
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name + "{") and f'model="{model}"' in line:
-            total += float(line.rsplit(" ", 1)[1])
-    return total
 
 
 def expect_error(code, fragments, fn, *args, **kwargs):
@@ -110,14 +101,14 @@ def test_permuted_names_share_one_entry_and_answer_the_same(tf1):
     x2 = np.array([[4.0]], np.float32)
     feeds_a = {"x:0": X[:1], "x2:0": x2}
     feeds_b = {"x2:0": x2, "x:0": X[:1]}
-    builds = metric(tf1, "servex_client_graph_builds_total", "hp")
+    builds = metric(tf1, "servex_client_graph_builds_total", model="hp")
     first, reply = run(tf1.channel, "hp", feeds_a, ["y:0", "y3:0"])
     second, _ = run(tf1.channel, "hp", feeds_b, ["y3:0", "y:0"])
     assert reply.client_graph_key == "x2:0-x:0^y3:0-y:0^"
     np.testing.assert_array_equal(first[0], second[1])  # outputs come back in each caller's order
     np.testing.assert_array_equal(first[1], second[0])
     np.testing.assert_array_equal(first[1], 0.5 * x2 + 3)
-    assert metric(tf1, "servex_client_graph_builds_total", "hp") == builds + 1
+    assert metric(tf1, "servex_client_graph_builds_total", model="hp") == builds + 1
 
 
 def test_explicit_graph_name(tf1):
@@ -130,7 +121,7 @@ def test_explicit_graph_name(tf1):
 
 
 def test_concurrent_first_calls_build_once(tf1):
-    builds = metric(tf1, "servex_client_graph_builds_total", "hp")
+    builds = metric(tf1, "servex_client_graph_builds_total", model="hp")
     barrier = threading.Barrier(12)
     results, errors = [], []
 
@@ -151,20 +142,20 @@ def test_concurrent_first_calls_build_once(tf1):
     assert errors == [] and len(results) == 12
     for r in results:
         np.testing.assert_array_equal(r, 0.5 * X + 3)
-    assert metric(tf1, "servex_client_graph_builds_total", "hp") == builds + 1
+    assert metric(tf1, "servex_client_graph_builds_total", model="hp") == builds + 1
 
 
 def test_eviction_under_a_small_bound_rebuilds_correctly(tf1):
-    evictions = metric(tf1, "servex_client_graph_cache_evictions_total", "hp")
+    evictions = metric(tf1, "servex_client_graph_cache_evictions_total", model="hp")
     keys = [({"x:0": X}, ["y:0"]), ({"x:0": X}, ["y2:0"]), ({"x:0": X}, ["y:0", "y2:0"])]
     for feeds, fetches in keys:
         run(tf1.channel, "hp", feeds, fetches)
-    assert metric(tf1, "servex_client_graph_cache_evictions_total", "hp") >= evictions + 1
-    builds = metric(tf1, "servex_client_graph_builds_total", "hp")
+    assert metric(tf1, "servex_client_graph_cache_evictions_total", model="hp") >= evictions + 1
+    builds = metric(tf1, "servex_client_graph_builds_total", model="hp")
     out, _ = run(tf1.channel, "hp", {"x:0": X}, ["y:0"])  # evicted: built again, and right
     np.testing.assert_array_equal(out[0], 0.5 * X + 2)
-    assert metric(tf1, "servex_client_graph_builds_total", "hp") == builds + 1
-    assert metric(tf1, "servex_client_graph_cache_entries", "hp") >= 2
+    assert metric(tf1, "servex_client_graph_builds_total", model="hp") == builds + 1
+    assert metric(tf1, "servex_client_graph_cache_entries", model="hp") >= 2
     for name in [
         "servex_client_graph_cache_hits_total",
         "servex_client_graph_cache_misses_total",
@@ -173,7 +164,7 @@ def test_eviction_under_a_small_bound_rebuilds_correctly(tf1):
         "servex_client_graph_cache_evictions_total",
         "servex_client_graph_cache_entries",
     ]:
-        assert metric(tf1, name, "hp") > 0, name
+        assert metric(tf1, name, model="hp") > 0, name
 
 
 def test_errors_name_what_was_wrong(tf1):

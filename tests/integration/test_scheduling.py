@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import time
-import urllib.request
 
 import grpc
 import numpy as np
@@ -13,15 +12,7 @@ import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 from tests.conftest import EXPECTED, HALF_PLUS_TWO_TF1
-
-
-def metric(daemon, name: str, **labels) -> float:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{daemon.metrics_port}/metrics", timeout=10).read().decode()
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+from tests.integration.daemon import metric
 
 
 def predict(channel, model, alias, value, *, timeout=30, priority=None):

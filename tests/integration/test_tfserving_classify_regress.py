@@ -5,8 +5,6 @@ serves them with its default --enable_signature_method_name_check=false) and hal
 
 from __future__ import annotations
 
-import urllib.request
-
 import grpc
 import numpy as np
 import pytest
@@ -20,6 +18,7 @@ from tensorflow_serving.apis import (
 )
 
 from tests.conftest import HALF_PLUS_TWO_TF1, HALF_PLUS_TWO_TF2, TESTDATA
+from tests.integration.daemon import metric
 
 CLASSIFY = "tensorflow/serving/classify"
 REGRESS = "tensorflow/serving/regress"
@@ -319,10 +318,8 @@ def test_metrics_count_classify_regress_and_multi_inference(stub, daemon):
     stub.Regress(regress_request(), timeout=10)
     stub.MultiInference(multi_request([("regress_x_to_y", REGRESS)]), timeout=10)
     rpc_error(stub.Classify, classify_request(signature="nosuch"))
-    text = urllib.request.urlopen(f"http://127.0.0.1:{daemon.metrics_port}/metrics", timeout=10).read().decode()
-    lines = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line[:1] != "#"}
-    assert lines['servex_requests_total{code="OK",method="Classify",model="tf1"}'] >= 1
-    assert lines['servex_requests_total{code="INVALID_ARGUMENT",method="Classify",model="tf1"}'] >= 1
-    assert lines['servex_requests_total{code="OK",method="Regress",model="tf1"}'] >= 1
-    # MultiInferenceRequest has no top-level model_spec: the model label is whatever server/rpc.py makes of that.
-    assert any(key.startswith('servex_requests_total{code="OK",method="MultiInference"') for key in lines)
+    assert metric(daemon, "servex_requests_total", code="OK", method="Classify", model="tf1") >= 1
+    assert metric(daemon, "servex_requests_total", code="INVALID_ARGUMENT", method="Classify", model="tf1") >= 1
+    assert metric(daemon, "servex_requests_total", code="OK", method="Regress", model="tf1") >= 1
+    # MultiInferenceRequest has no top-level model_spec: its tasks' model names the request
+    assert metric(daemon, "servex_requests_total", code="OK", method="MultiInference", model="tf1") >= 1

@@ -4,7 +4,6 @@ TensorFlow Serving's own half_plus_two test models (TF1 and TF2) served by the r
 from __future__ import annotations
 
 import json
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from tensorflow_serving.apis import (
 )
 
 from tests.conftest import EXPECTED, HALF_PLUS_TWO_TF1, HALF_PLUS_TWO_TF2
+from tests.integration.daemon import metric
 
 MODEL = "default"
 
@@ -284,8 +284,8 @@ def test_health_and_reflection(daemon):
 def test_metrics_count_requests(stub, daemon, flavor):
     assert_half_plus_two(stub, flavor)
     rpc_error(stub.Predict, predict_request(_ones(flavor, np.float64)))
-    text = urllib.request.urlopen(f"http://127.0.0.1:{daemon.metrics_port}/metrics", timeout=10).read().decode()
-    lines = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line[:1] != "#"}
-    assert lines['servex_request_latency_seconds_count{method="Predict",model="default"}'] >= 2
-    assert lines['servex_requests_total{code="INVALID_ARGUMENT",method="Predict",model="default"}'] >= 1
-    assert lines['servex_requests_total{code="OK",method="Predict",model="default"}'] >= 1
+    assert metric(daemon, "servex_request_latency_seconds_count", method="Predict", model="default") >= 2
+    ok = {"method": "Predict", "model": "default", "version": "123", "signature": "serving_default", "priority": "0"}
+    assert metric(daemon, "servex_requests_total", code="OK", **ok) >= 1
+    assert metric(daemon, "servex_request_latency_seconds_count", **ok) >= 1
+    assert metric(daemon, "servex_requests_total", code="INVALID_ARGUMENT", method="Predict", model="default") >= 1

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import threading
-import urllib.request
 
 import grpc
 import numpy as np
@@ -13,7 +12,7 @@ import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 from protos.servex.v1 import variables_pb2, variables_pb2_grpc
-from tests.integration.daemon import free_port, run_to_exit
+from tests.integration.daemon import free_port, metric, run_to_exit
 
 ROWS, WIDTH = 20_000, 16
 
@@ -70,15 +69,6 @@ def states(stub, metadata=None):
     return {v.name: variables_pb2.Variable.State.Name(v.state) for v in reply.variables}, reply
 
 
-def metric(daemon, name):
-    text = urllib.request.urlopen(f"http://127.0.0.1:{daemon.metrics_port}/metrics", timeout=10).read().decode()
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith(name) and 'model="cold"' in line and line[len(name)] in "{ "
-    )
-
-
 @pytest.fixture(scope="module")
 def lazy(cold_model, start_daemon):
     admin = free_port()
@@ -96,14 +86,14 @@ def test_calibrate_answers_while_the_table_stays_unrestored(lazy):
     np.testing.assert_allclose(predict(daemon.channel, "calibrate", "x", np.array([2.0], np.float32)), [3.0])
     after, _ = states(stub)
     assert after == {"table": "UNRESTORED", "w": "UNRESTORED", "scale": "ON_DEVICE"}
-    assert metric(daemon, "servex_restored_variable_bytes") == 4
+    assert metric(daemon, "servex_restored_variable_bytes", model="cold") == 4
 
 
 def test_concurrent_first_calls_restore_the_table_once(lazy, cold_model):
     daemon, admin = lazy
     _, table, w = cold_model
     ids = np.array([[1, 2, 3, 4], [19_999, 0, 7, 7]], np.int64)
-    restores_before = metric(daemon, "servex_variable_restore_seconds_count")
+    restores_before = metric(daemon, "servex_variable_restore_seconds_count", model="cold")
     barrier, results, errors = threading.Barrier(10), [], []
 
     def call():
@@ -124,9 +114,9 @@ def test_concurrent_first_calls_restore_the_table_once(lazy, cold_model):
     for r in results:
         np.testing.assert_allclose(r, expected_score(table, w, ids), rtol=1e-5)
     # table and w, each read from the checkpoint exactly once
-    assert metric(daemon, "servex_variable_restore_seconds_count") == restores_before + 2
+    assert metric(daemon, "servex_variable_restore_seconds_count", model="cold") == restores_before + 2
     assert states(admin_stub(admin))[0] == {"table": "ON_DEVICE", "w": "ON_DEVICE", "scale": "ON_DEVICE"}
-    assert metric(daemon, "servex_restored_variable_bytes") == ROWS * WIDTH * 4 + WIDTH * 4 + 4
+    assert metric(daemon, "servex_restored_variable_bytes", model="cold") == ROWS * WIDTH * 4 + WIDTH * 4 + 4
 
 
 def _assign(stub, name, value, metadata=None):
@@ -142,7 +132,7 @@ def test_assign_variable_changes_the_answer_and_refuses_mismatches(lazy):
     reply = _assign(stub, "scale", np.float32(4.0))
     assert reply.variable.name == "scale" and reply.model.version == 1
     np.testing.assert_allclose(predict(daemon.channel, "calibrate", "x", np.array([2.0], np.float32)), [8.0])
-    assert metric(daemon, "servex_variable_assignments_total") == 1
+    assert metric(daemon, "servex_variable_assignments_total", model="cold") == 1
     for bad, fragments in [
         (np.float64(4.0), ["float32[]", "float64[]"]),
         (np.ones(2, np.float32), ["float32[]", "float32[2]"]),
