@@ -175,7 +175,10 @@ class Lifecycle:
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(self.settings.file_system_poll_wait_seconds)
-            await loop.run_in_executor(None, self.manager.poll)
+            try:
+                await loop.run_in_executor(None, self.manager.poll)
+            except Exception:  # a poll that fails must not end polling: log it, look again next time
+                log.exception("polling the model base paths failed")
             await self.sync_health()
 
     async def poll_config(self, text: str) -> None:
@@ -192,8 +195,11 @@ class Lifecycle:
                 continue
             text = new_text
             log.info("model config file %r changed: applying", path)
-            for problem in await self.apply(specs):
-                log.error("%s", problem)
+            try:
+                for problem in await self.apply(specs):
+                    log.error("%s", problem)
+            except Exception:  # keep watching the file
+                log.exception("applying model config file %r failed", path)
 
 
 async def serve(settings: ServerSettings) -> int:
