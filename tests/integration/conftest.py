@@ -41,3 +41,18 @@ def slow_model(tmp_path_factory) -> Path:
     module = Slow()
     tf.saved_model.save(module, str(base / "1"), signatures={"serving_default": module.serve})
     return base
+
+
+@pytest.fixture(scope="session")
+def mlp_model(tmp_path_factory) -> Path:
+    """The benchmark MLP (float32 ``features`` [None,64] -> ``score`` [None,1]) exported by the benchmark kit's
+    own ``make_models.py``; returns its base path (version 1 inside)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    out = tmp_path_factory.mktemp("bench_models")
+    script = REPO.parent / "shared" / "bench" / "make_models.py"
+    subprocess.run([sys.executable, str(script), str(out), "mlp"], check=True, capture_output=True)
+    return out / "mlp"
