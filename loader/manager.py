@@ -72,6 +72,9 @@ class _Model(Generic[S]):
     spec: ModelSpec
     versions: dict[int, ServedVersion[S]] = field(default_factory=dict)
     error: ServingError | None = None  # the base path itself is unusable
+    # Failed reloads of a version number whose copy from an older base path still serves: their attempts,
+    # retry time and fingerprint bound the retries as for any failed load.
+    failed_reloads: dict[int, ServedVersion[S]] = field(default_factory=dict)
 
     def available(self) -> list[int]:
         return sorted(v for v, sv in self.versions.items() if sv.state == AVAILABLE)
@@ -85,8 +88,11 @@ class ModelManager(Generic[S]):
         *,
         max_num_load_retries: int = 5,
         load_retry_interval_s: float = 60.0,
+        on_load: Callable[[str, int, bool, float], None] | None = None,
     ):
         self._make = make_servable
+        # Told of every load attempt's outcome: (name, version, succeeded, seconds); for metrics.
+        self._on_load = on_load or (lambda name, version, ok, seconds: None)
         self._close = close_servable
         self.max_num_load_retries = max_num_load_retries
         self.load_retry_interval_s = load_retry_interval_s
@@ -144,13 +150,16 @@ class ModelManager(Generic[S]):
                 log.error("model %r: %s (the versions it serves stay)", spec.name, e.message)
             model.error = e
             return [f"model {spec.name!r}: {e.message}"]
-        tried: set[int] = set()
+        tried: set[int] = set()  # one load attempt per version per pass, so a pass always ends
         while True:
             now = time.monotonic()
-            usable = [v for v, path in on_disk.items() if self._usable(model, v, path, now, tried)]
-            wanted = spec.policy.select(usable)
             available = model.available()
-            to_load = [v for v in wanted if v not in available or model.versions[v].path != on_disk[v]]
+            usable = [
+                v for v, path in on_disk.items()
+                if v in available or (v not in tried and self._may_load(model, v, path, now))
+            ]  # fmt: skip
+            wanted = spec.policy.select(usable)
+            to_load = [v for v in wanted if v not in tried and self._wants_load(model, v, on_disk[v], now, available)]
             if not to_load:
                 break
             for version in sorted(to_load, reverse=True):
@@ -160,13 +169,16 @@ class ModelManager(Generic[S]):
         for version in model.available():
             if version not in wanted:
                 self._retire(model.versions[version])
-        for version, sv in list(model.versions.items()):
-            if sv.state == END and version not in on_disk:
-                with self._lock:
+        with self._lock:
+            for version, sv in list(model.versions.items()):
+                if sv.state == END and version not in on_disk:
                     model.versions.pop(version, None)
+            for version, sv in list(model.failed_reloads.items()):
+                if on_disk.get(version) != sv.path or version not in model.versions:
+                    del model.failed_reloads[version]
         problems = []
         for version in tried:
-            sv = model.versions.get(version)
+            sv = model.failed_reloads.get(version) or model.versions.get(version)
             if sv is not None and sv.state == END and sv.error is not None:
                 problems.append(f"model {spec.name!r} version {version} failed to load: {sv.error.message}")
         available = set(model.available())
@@ -178,10 +190,19 @@ class ModelManager(Generic[S]):
                 )
         return problems
 
-    def _usable(self, model: _Model[S], version: int, path: str, now: float, tried: set[int]) -> bool:
-        if version in tried:  # one attempt per version per pass
-            return version in model.available()
+    def _wants_load(self, model: _Model[S], version: int, path: str, now: float, available: list[int]) -> bool:
+        if version not in available:
+            return True
+        return model.versions[version].path != path and self._may_load(model, version, path, now)
+
+    def _may_load(self, model: _Model[S], version: int, path: str, now: float) -> bool:
+        """Whether loading ``version`` from ``path`` may be tried now: not a known failure, or one whose retry is
+        due or whose files changed since."""
         sv = model.versions.get(version)
+        if sv is not None and sv.state == AVAILABLE:  # a reload of the same number from a new base path
+            sv = model.failed_reloads.get(version)
+            if sv is None or sv.path != path:
+                return True
         if sv is None or sv.state != END or sv.error is None:
             return True
         if sv.attempts <= self.max_num_load_retries and now >= sv.retry_at:
@@ -191,11 +212,12 @@ class ModelManager(Generic[S]):
     def _load(self, model: _Model[S], version: int, path: str) -> None:
         name = model.spec.name
         previous = model.versions.get(version)
-        sv = ServedVersion(name, version, path, attempts=previous.attempts if previous else 0)
-        fingerprint = folder_fingerprint(path)
-        if previous is not None and previous.fingerprint != fingerprint:
-            sv.attempts = 0  # new files: a fresh start
         replacing = previous is not None and previous.state == AVAILABLE  # same number from a new base path
+        record = model.failed_reloads.get(version) if replacing else previous  # earlier failures of this load
+        sv = ServedVersion(name, version, path, attempts=record.attempts if record else 0)
+        fingerprint = folder_fingerprint(path)
+        if record is not None and record.fingerprint != fingerprint:
+            sv.attempts = 0  # new files: a fresh start
         if not replacing:
             with self._lock:
                 model.versions[version] = sv
@@ -213,16 +235,20 @@ class ModelManager(Generic[S]):
                 sv.error, sv.state = error, END
                 if replacing:  # the old files keep serving; the failure is reported by the problems
                     model.versions[version].error = error
+                    model.failed_reloads[version] = sv
+            self._on_load(name, version, False, time.monotonic() - start)
             log.error(
                 "model %r version %d failed to load after %.2fs (attempt %d, %d retries left): %s",
                 name, version, time.monotonic() - start, sv.attempts, retries_left, error.message,
             )  # fmt: skip
             return
+        self._on_load(name, version, True, time.monotonic() - start)
         with self._lock:
             closed = self._closed
             if not closed:
                 sv.servable, sv.state = servable, AVAILABLE
                 model.versions[version] = sv
+                model.failed_reloads.pop(version, None)
         if closed:  # unload_all ran while this loaded: nobody will serve it
             sv.state = END
             self._close(servable)

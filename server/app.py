@@ -35,7 +35,7 @@ from protos.servex.v1 import batching_pb2, graph_executor_pb2, graph_executor_pb
 from server.admin import BearerTokenInterceptor, VariableService
 from server.core import ServingCore
 from server.graph_service import GraphExecutorService
-from server.metrics import start_metrics_server
+from server.metrics import model_load, start_metrics_server
 from server.settings import ServerSettings
 from server.tfserving import ModelService, PredictionService, SessionService
 from transfer import make_factory
@@ -74,6 +74,7 @@ def make_manager(settings: ServerSettings) -> ModelManager[GraphExecutor]:
         GraphExecutor.close,
         max_num_load_retries=settings.max_num_load_retries,
         load_retry_interval_s=settings.load_retry_interval_micros / 1e6,
+        on_load=model_load,
     )
 
 

@@ -66,3 +66,22 @@ def start_metrics_server(port: int, address: str):
     server, _thread = prometheus_client.start_http_server(port, addr=address)
     log.info("Prometheus metrics on http://%s:%d/metrics", address, port)
     return server
+
+
+MODEL_LOAD_FAILURES = Counter(
+    "servex_model_load_failures", "Version loads that failed (each retry counts), by model", ["model"]
+)
+MODEL_LOAD_SECONDS = Histogram(
+    "servex_model_load_seconds",
+    "Time to load a model version that loaded (lazy restoration: variables are read later)",
+    ["model"],
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60, 120, 300),
+)
+
+
+def model_load(name: str, version: int, ok: bool, seconds: float) -> None:
+    """ModelManager's on_load hook: count failures, time successes."""
+    if ok:
+        MODEL_LOAD_SECONDS.labels(name).observe(seconds)
+    else:
+        MODEL_LOAD_FAILURES.labels(name).inc()

@@ -24,7 +24,7 @@ from tensorflow_serving.apis import (
 from tensorflow_serving.config import model_server_config_pb2
 
 from tests.conftest import BAD_HALF_PLUS_TWO, EXPECTED, HALF_PLUS_TWO_TF1, TESTDATA
-from tests.integration.daemon import Daemon, run_to_exit
+from tests.integration.daemon import Daemon, metric, run_to_exit
 
 TWO_VERSIONS = TESTDATA / "saved_model_half_plus_two_2_versions"
 HALF_PLUS_THREE = TESTDATA / "saved_model_half_plus_three"
@@ -208,6 +208,9 @@ def test_a_broken_new_version_is_reported_and_the_served_one_keeps_serving(start
         predict(daemon.channel, "m", [[2.0]], version=2)
     assert info.value.code() == grpc.StatusCode.NOT_FOUND and "failed to load" in info.value.details()
     assert "failed to load" in daemon.log() and "'m' version 2" in daemon.log()
+    # one load and one retry failed (--max_num_load_retries=1); version 1's load was timed
+    wait_for(lambda: metric(daemon, "servex_model_load_failures_total", model="m") == 2, what="the retry to fail")
+    assert metric(daemon, "servex_model_load_seconds_count", model="m") == 1
 
 
 def _reload(channel, models: dict[str, Path], timeout=60):

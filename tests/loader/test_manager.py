@@ -856,3 +856,39 @@ def test_manager_serves_the_latest_reference_model(testdata):
     # unload_all ran close(): the session is gone.
     with pytest.raises(RuntimeError, match="closed Session"):
         executor.model.session.run("y:0", {"x:0": np.array([[1]], np.float32)})
+
+
+def test_failed_reload_from_a_new_base_path_ends_and_keeps_the_old_copy_serving(manager, rec, tmp_path):
+    # Version 1 serves from old/; the config moves the model to new/, whose version 1 fails to load. The pass
+    # must end (it once looped forever), version 1 from old/ keeps serving, and retries stay bounded.
+    old_base = model_dir(tmp_path / "old", 1)
+    new_base = model_dir(tmp_path / "new", 1)
+    manager.apply_config([spec("m", old_base)])
+    rec.fail_paths.add(str(new_base / "1"))
+    done = []
+    worker = threading.Thread(target=lambda: done.append(manager.apply_config([spec("m", new_base)])), daemon=True)
+    worker.start()
+    worker.join(10)
+    assert done, "apply_config did not return: the failed reload is retried forever within one pass"
+    assert len(done[0]) == 1 and "version 1 failed to load" in done[0][0]
+    assert manager.get("m").path == str(old_base / "1")
+    for _ in range(6):
+        manager.poll()
+    assert rec.attempts("m", 1) == 1 + 3  # the first load from old/, then one load and two retries from new/
+    assert manager.get("m").path == str(old_base / "1")
+
+    (new_base / "1" / "saved_model.pb").write_bytes(b"\x08\x01\x12\x04serve, copied completely this time")
+    rec.fail_paths.clear()
+    assert manager.poll() == []
+    assert manager.get("m").path == str(new_base / "1")
+    assert closed_versions(rec) == [1]
+
+
+def test_load_outcomes_reach_the_on_load_hook(rec, tmp_path):
+    outcomes = []
+    manager = ModelManager(rec.make, rec.close, max_num_load_retries=0, on_load=lambda *a: outcomes.append(a[:3]))
+    base = model_dir(tmp_path / "m", 1, 2)
+    rec.fail_paths.add(str(base / "2"))
+    manager.apply_config([spec("m", base)])
+    assert outcomes == [("m", 2, False), ("m", 1, True)]
+    manager.unload_all()
