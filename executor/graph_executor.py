@@ -155,10 +155,9 @@ class GraphExecutor:
             graph = self._get_or_build(cid, key, pin)
         else:
             self._metrics.hits.inc()
-            try:
-                self._graphs.move_to_end(cid)
-            except KeyError:  # evicted since; the graph in hand is still good for this run
-                pass
+            with self._lock:  # eviction iterates the table under the lock: never reorder it meanwhile
+                if cid in self._graphs:  # else evicted since; the graph in hand is still good for this run
+                    self._graphs.move_to_end(cid)
         if graph.names != key:
             raise InvalidArgument(
                 f"graph name {graph_name!r} was built for feeds {list(graph.names[0])}, fetches "
@@ -186,14 +185,16 @@ class GraphExecutor:
                 del self._building[cid]
             future.set_exception(e)
             raise
-        with self._lock:
-            self._graphs[cid] = graph
-            del self._building[cid]
-            if not pin:
-                self._unpinned += 1
-                self._evict_beyond_bound()
-            self._metrics.entries.set(len(self._graphs))
-        future.set_result(graph)
+        try:  # waiters get the graph whatever happens to the bookkeeping below
+            with self._lock:
+                self._graphs[cid] = graph
+                del self._building[cid]
+                if not pin:
+                    self._unpinned += 1
+                    self._evict_beyond_bound()
+                self._metrics.entries.set(len(self._graphs))
+        finally:
+            future.set_result(graph)
         return graph
 
     def _evict_beyond_bound(self) -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import collections
 import itertools
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -452,3 +454,56 @@ def test_inputs_go_through_the_transfer_executor(half):
     assert factory.log[0][1] is x2 and factory.log[1][1] is x
     executor.run({"x:0": x, "x2:0": x2}, ["y:0", "y3:0"])
     assert factory.created == 2  # a fresh transfer executor per run
+
+
+class _SlowToIterate(collections.OrderedDict):
+    """The cache's LRU table, iterating slowly: a reorder during an eviction's scan then fails loudly."""
+
+    def items(self):
+        for item in super().items():
+            yield item
+            time.sleep(0.05)
+
+
+def test_a_hit_during_an_eviction_scan_waits_for_it(half):
+    executor = GraphExecutor(half, max_entries=1)
+    executor.run({"x:0": X}, ["y:0"], graph_name="hot")
+    executor._graphs = _SlowToIterate(executor._graphs)
+    stop = threading.Event()
+    hit_errors = []
+
+    def hits():
+        while not stop.is_set():
+            try:
+                executor.run({"x:0": X}, ["y:0"], graph_name="hot")
+            except Exception as e:  # noqa: BLE001 (reported below)
+                hit_errors.append(e)
+
+    hitter = threading.Thread(target=hits)
+    hitter.start()
+    try:
+        for name in ("cold1", "cold2", "cold3"):  # each build evicts, scanning the table slowly
+            np.testing.assert_array_equal(executor.run({"x:0": X}, ["y:0"], graph_name=name)[0], Y)
+    finally:
+        stop.set()
+        hitter.join(30)
+    assert hit_errors == []
+    assert executor.evictions >= 3  # the hitter's rebuilds of 'hot' evict too
+    assert len(executor.cached_keys()) == 1
+
+
+def test_hits_and_evictions_from_many_threads_keep_the_cache_consistent(half):
+    # Hits reorder the LRU table while builds evict from it: both under the cache's lock, or eviction's
+    # iteration fails with "OrderedDict mutated during iteration".
+    executor = GraphExecutor(half, max_entries=2)
+    names = [f"g{i}" for i in range(5)]
+
+    def work(i):
+        for j in range(150):
+            name = names[(i + j) % len(names)] if j % 3 else names[0]  # g0 hot, the others churn
+            np.testing.assert_array_equal(executor.run({"x:0": X}, ["y:0"], graph_name=name)[0], Y)
+
+    _, errors = _in_threads(6, work)
+    assert errors == [None] * 6
+    assert len(executor.cached_keys()) <= 2
+    assert executor.evictions > 0
