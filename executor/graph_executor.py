@@ -303,11 +303,8 @@ class GraphExecutor:
         ordered = [values[i] for i in plan.feed_order]
         for spec, value in zip(graph.feeds, ordered, strict=True):
             _check_feed(spec, value)
-        if not self._transfer.passthrough:
-            h2d = self._transfer.create()
-            pending = [h2d.schedule(v) for v in ordered]
-            h2d.run()
-            ordered = [f.result() for f in pending]
+        # One H2DTransferExecutor run for all inputs (CPU: aligned as TensorFlow takes them without a copy).
+        ordered = self._transfer.transfer(ordered)
         gate = self.model.variables.gate
         if gate is not None:
             gate.enter()

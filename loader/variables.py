@@ -277,11 +277,8 @@ class VariableStore:
         log.info("variable %r restored (%d bytes)", name, record.nbytes)
 
     def _assign(self, record: VariableRecord, value: np.ndarray) -> None:
-        if self._transfer is not None and not self._transfer.passthrough:
-            h2d = self._transfer.create()
-            pending = h2d.schedule(value)
-            h2d.run()
-            value = pending.result()
+        if self._transfer is not None:
+            value = self._transfer.transfer([value])[0]
         self._session.run(record.assign, {record.placeholder: value})
 
     def state(self, name: str) -> str:

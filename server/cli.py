@@ -35,7 +35,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--rest_api_port",
         type=int,
         default=d.rest_api_port,
-        help="REST port, 0 disables (the REST API is not served yet)",
+        help="REST port (TensorFlow Serving's REST API, KServe v2 REST), 0 disables",
+    )
+    p.add_argument(
+        "--rest_api_timeout_in_ms",
+        type=int,
+        default=d.rest_api_timeout_in_ms,
+        help="a REST call whose run has not started this long after it arrived is answered 504 (0: no deadline)",
     )
     p.add_argument(
         "--metrics_port", type=int, default=d.metrics_port, help="port of the Prometheus /metrics endpoint, 0 disables"
@@ -160,7 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--max_message_bytes",
         type=int,
         default=d.max_message_bytes,
-        help="largest gRPC message received or sent, in bytes",
+        help="largest gRPC message received or sent, and largest REST body (also once decompressed), in bytes",
     )
     p.add_argument("--num_run_workers", type=int, default=d.num_run_workers, help="worker threads that run TensorFlow")
     p.add_argument(
@@ -184,7 +190,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="run graph ops on the run worker's own thread (lowest latency for small graphs); "
         "false hands them to TensorFlow's inter-op pool",
     )
-    p.add_argument("--device", default=d.device, help="device inputs are transferred to: cpu")
+    p.add_argument(
+        "--device",
+        default=d.device,
+        help="device inputs are transferred to: cpu, gpu:N (needs CuPy and CUDA: pip install 'servex[gpu]'; "
+        "exits 1 at start without them), or auto (gpu:0 when usable, else cpu, logged)",
+    )
     p.add_argument(
         "--tensor_content_outputs",
         type=_bool,
@@ -226,6 +237,7 @@ def parse_settings(argv: list[str] | None = None) -> tuple[ServerSettings, str]:
     settings = ServerSettings(
         port=args.port,
         rest_api_port=args.rest_api_port,
+        rest_api_timeout_in_ms=args.rest_api_timeout_in_ms,
         metrics_port=args.metrics_port,
         bind_address=args.bind_address,
         model_name=name,

@@ -22,8 +22,11 @@ def demo_model_base_path() -> str:
 class ServerSettings:
     # gRPC port (TensorFlow Serving's --port).
     port: int = 8500
-    # REST port; 0 disables it (the REST API is not served yet: the flag is accepted for compatibility).
+    # REST port (TensorFlow Serving's REST API under /v1, KServe v2 under /v2); 0 disables it.
     rest_api_port: int = 8501
+    # A REST call whose run has not started this long after it arrived is answered 504 (TensorFlow Serving's
+    # flag); 0: no deadline.
+    rest_api_timeout_in_ms: int = 30000
     # Prometheus text exposition at /metrics on this port; 0 disables it.
     metrics_port: int = 8502
     # Address every port binds to.
@@ -63,7 +66,7 @@ class ServerSettings:
     max_queued_requests: int = 10000
     # A waiting request's priority grows by one every this many milliseconds (0: no aging).
     priority_aging_ms: float = 100.0
-    # Largest gRPC message accepted or sent, in bytes.
+    # Largest gRPC message accepted or sent, and largest REST request body (on the wire and decompressed), in bytes.
     max_message_bytes: int = 256 * 1024 * 1024
     # Worker threads that run TensorFlow (RunHandler); default: one per CPU core.
     num_run_workers: int = max(1, os.cpu_count() or 1)
@@ -73,7 +76,7 @@ class ServerSettings:
     # Run a graph's ops on the worker thread itself instead of handing them to TensorFlow's inter-op pool
     # (RunOptions.inter_op_thread_pool = -1): far less latency for small graphs.
     run_in_caller_thread: bool = True
-    # Device the transfer executor targets ("cpu").
+    # Device the transfer executor targets: "cpu", "gpu:N" (CuPy; fails at start without it) or "auto".
     device: str = "cpu"
     # Answer Predict outputs in tensor_content instead of TensorFlow Serving's typed *_val fields.
     tensor_content_outputs: bool = False

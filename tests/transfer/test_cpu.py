@@ -1,16 +1,37 @@
-"""The CPU transfer executor (no copy) and the registry that picks a factory by device string."""
+"""The CPU transfer executor (no copy where TensorFlow takes an array as it is; one aligned copy where it would
+copy anyway), its metrics, and the registry that picks a factory by device string."""
 
 from __future__ import annotations
 
+import logging
+
+import ml_dtypes
 import numpy as np
 import pytest
+from prometheus_client import REGISTRY
 
-from transfer import H2DTransferExecutor, H2DTransferExecutorFactory, TransferFuture, make_factory
-from transfer.cpu import CpuTransferExecutorFactory
+from transfer import DeviceError, H2DTransferExecutor, H2DTransferExecutorFactory, TransferFuture, make_factory
+from transfer.cpu import ALIGN_COPY_MIN_BYTES, ALIGNMENT, CpuTransferExecutorFactory, aligned_copy, needs_aligned_copy
+
+BIG = ALIGN_COPY_MIN_BYTES // 4  # float32 elements in an array just at the copy threshold
 
 
 def address(array: np.ndarray) -> int:
     return array.__array_interface__["data"][0]
+
+
+def unaligned(n: int, dtype=np.float32) -> np.ndarray:
+    """A C-contiguous array of ``n`` elements whose buffer starts 16 bytes past a 64-byte boundary."""
+    itemsize = np.dtype(dtype).itemsize
+    raw = np.empty(n * itemsize + 2 * ALIGNMENT, np.uint8)
+    start = (-address(raw) % ALIGNMENT) + 16
+    out = raw[start : start + n * itemsize].view(dtype)
+    out[...] = (np.arange(n) % 1000).astype(dtype)
+    return out
+
+
+def sample(name: str, device: str = "cpu") -> float:
+    return REGISTRY.get_sample_value(name, {"device": device}) or 0.0
 
 
 def test_cpu_factory_is_a_passthrough():
@@ -35,7 +56,8 @@ def test_cpu_executor_returns_the_very_same_arrays():
         np.arange(12, dtype=np.float32).reshape(3, 4),
         np.array([b"a", b"bc"], dtype=object),
         np.zeros((0, 5), np.int64),
-        np.arange(10, dtype=np.int32)[::2],  # a strided view: no contiguous copy either
+        np.arange(10, dtype=np.int32)[::2],  # small and strided: TensorFlow's own copy is as cheap as ours
+        unaligned(100),  # small and unaligned: likewise
     ]
     before = [address(a) for a in arrays]
     futures = [executor.schedule(a) for a in arrays]
@@ -45,6 +67,81 @@ def test_cpu_executor_returns_the_very_same_arrays():
         result = future.result()
         assert result is array
         assert address(result) == addr
+
+
+def test_transfer_returns_the_callers_list_when_nothing_is_copied():
+    factory = make_factory("cpu")
+    arrays = [np.ones(3, np.float32), aligned_copy(np.ones(BIG * 4, np.float32))]
+    assert address(arrays[1]) % ALIGNMENT == 0
+    assert factory.transfer(arrays) is arrays
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: unaligned(BIG),
+        lambda: unaligned(2 * BIG, np.float16),
+        lambda: unaligned(2 * BIG, ml_dtypes.bfloat16),
+        lambda: np.arange(2 * BIG, dtype=np.float32).reshape(BIG, 2)[:, 0],  # strided
+        lambda: np.frombuffer(b"\0" * 48 + np.arange(BIG, dtype=np.float32).tobytes(), np.float32, offset=48),
+    ],
+    ids=["float32", "float16", "bfloat16", "strided", "frombuffer-bytes"],
+)
+def test_large_unaligned_or_strided_arrays_get_one_aligned_copy(make):
+    array = make()
+    assert needs_aligned_copy(array)
+    factory = make_factory("cpu")
+    executor = factory.create()
+    future = executor.schedule(array)
+    executor.run()
+    out = future.result()
+    assert out is not array
+    assert address(out) % ALIGNMENT == 0 and out.flags.c_contiguous
+    assert out.dtype == array.dtype and out.shape == array.shape
+    np.testing.assert_array_equal(out.view(np.uint8) if out.dtype.kind == "V" else out, _bytes_or(array))
+    assert not needs_aligned_copy(out)
+    assert factory.transfer([out])[0] is out  # already aligned: passed through
+
+
+def _bytes_or(array):
+    return np.ascontiguousarray(array).view(np.uint8) if array.dtype.kind == "V" else array
+
+
+def test_only_the_arrays_that_need_it_are_copied():
+    small, aligned_big, unaligned_big = np.ones(4, np.float32), aligned_copy(np.ones(BIG, np.float32)), unaligned(BIG)
+    out = make_factory("cpu").transfer([small, aligned_big, unaligned_big])
+    assert out[0] is small and out[1] is aligned_big
+    assert out[2] is not unaligned_big and address(out[2]) % ALIGNMENT == 0
+    np.testing.assert_array_equal(out[2], unaligned_big)
+
+
+def test_strings_are_never_byte_copied():
+    strings = np.array([b"x" * 64] * (BIG // 8), dtype=object)
+    assert not needs_aligned_copy(strings)
+    assert make_factory("cpu").transfer([strings])[0] is strings
+    fixed = np.array(["abc"] * BIG, dtype="U3")[::2]
+    assert not needs_aligned_copy(fixed)
+
+
+def test_metrics_count_bytes_and_runs():
+    factory = make_factory("cpu")
+    bytes_before = sample("servex_h2d_bytes_total")
+    runs_before = sample("servex_h2d_transfer_seconds_count")
+    factory.transfer([np.ones(3, np.float32), np.ones((2, 5), np.int64)])
+    executor = factory.create()
+    executor.schedule(np.ones(7, np.int8))
+    executor.run()
+    factory.transfer([unaligned(BIG)])
+    assert sample("servex_h2d_bytes_total") - bytes_before == 12 + 80 + 7 + BIG * 4
+    assert sample("servex_h2d_transfer_seconds_count") - runs_before == 3
+
+
+def test_a_run_without_a_copy_is_observed_as_zero_seconds():
+    factory = make_factory("cpu")
+    labels = {"device": "cpu", "le": "1e-06"}
+    before = REGISTRY.get_sample_value("servex_h2d_transfer_seconds_bucket", labels) or 0.0
+    factory.transfer([np.ones(3, np.float32)])
+    assert REGISTRY.get_sample_value("servex_h2d_transfer_seconds_bucket", labels) - before == 1
 
 
 def test_every_run_gets_a_working_executor():
@@ -57,13 +154,48 @@ def test_every_run_gets_a_working_executor():
         assert future.result() is a
 
 
-@pytest.mark.parametrize("device", ["tpu", "cpu:x", "cpu:-1", "tpu:0", "CPU", ""])
+def test_an_executor_refuses_another_device():
+    executor = make_factory("cpu").create()
+    executor.schedule(np.ones(1), device="cpu")
+    with pytest.raises(DeviceError, match="targets 'cpu', not 'gpu:0'"):
+        executor.schedule(np.ones(1), device="gpu:0")
+
+
+@pytest.mark.parametrize("device", ["tpu", "cpu:x", "cpu:-1", "tpu:0", "CPU", "", "cpu:", "gpu:one"])
 def test_unknown_device_names_the_known_kinds(device):
-    with pytest.raises(ValueError) as info:
+    with pytest.raises(DeviceError) as info:
         make_factory(device)
     message = str(info.value)
+    assert isinstance(info.value, ValueError)
     assert repr(device) in message
-    assert "'cpu'" in message
+    assert "'cpu'" in message and "'gpu'" in message and "'auto'" in message
+
+
+def _cupy_usable() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+@pytest.mark.skipif(_cupy_usable(), reason="a GPU is usable here: auto picks it")
+def test_auto_falls_back_to_cpu_and_says_why(caplog):
+    with caplog.at_level(logging.WARNING, logger="transfer.base"):
+        factory = make_factory("auto")
+    assert isinstance(factory, CpuTransferExecutorFactory)
+    assert "--device=auto" in caplog.text and "falling back to cpu" in caplog.text
+    assert "gpu:0" in caplog.text
+
+
+@pytest.mark.skipif(_cupy_usable(), reason="a GPU is usable here")
+def test_gpu_without_cupy_or_cuda_says_what_is_missing():
+    with pytest.raises(DeviceError) as info:
+        make_factory("gpu:0")
+    message = str(info.value)
+    assert message.startswith("--device=gpu:0")
+    assert "CuPy" in message or "CUDA" in message
 
 
 def test_transfer_future():

@@ -1,0 +1,196 @@
+"""The GPU transfer executor, on CuPy: ``--device=gpu:N``.
+
+Per run, every input with a dtype CuPy has is laid out in one device buffer (transfer/staging.py): small inputs
+are packed into one page-locked staging buffer and go in one copy, large ones in chunks; staging buffers come from
+a bounded pool and are reused across runs. Copies are enqueued on a dedicated non-blocking host-to-device stream,
+after an event from the consumer's stream (so memory the consumer freed is not overwritten under it), and the run
+records one event when its copies end: each future waits on its own run's event only, never on the device. The
+hand-off is DLPack to TensorFlow when TensorFlow sees a GPU (``tf.experimental.dlpack.from_dlpack``; the host
+waits on the run's event first, as TensorFlow does not order its stream after ours), else the CuPy array (the
+consumer's stream waits on the event; the host does not). A second non-blocking stream serves device-to-host
+copies (``to_host``), so results can come back while the next run's inputs go in.
+
+Strings and dtypes CuPy lacks (bfloat16) stay host arrays. CuPy (and CUDA) are imported only when a GPU factory
+is made: servex installs and runs without them, and ``--device=gpu:N`` then fails at start with a DeviceError
+that says what is missing. ``servex_h2d_transfer_seconds`` measures the host side of a run's transfers (staging
+and enqueueing); the copies themselves complete asynchronously.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from transfer.base import DeviceError, H2DTransferExecutor, H2DTransferExecutorFactory, TransferFuture
+from transfer.metrics import TransferMetrics
+from transfer.staging import StagingBuffer, StagingPool, layout, stage
+
+CHUNK_BYTES = 4 << 20  # one staging buffer
+MAX_BUFFERS = 16  # so at most 64 MiB of page-locked memory per device
+COPY_THREADS = 4  # host threads filling staging buffers of large inputs
+# NumPy kinds/dtypes CuPy arrays can hold (bool, ints, floats incl. float16, complex).
+_CUPY_KINDS = frozenset("biufc")
+
+
+def import_cupy(index: int):
+    """CuPy, once it is known that CUDA device ``index`` is usable; DeviceError saying what is missing."""
+    flag = f"--device=gpu:{index}"
+    try:
+        import cupy
+    except ImportError as e:
+        raise DeviceError(
+            f"{flag} needs CuPy, which is not installed ({e}): install the gpu extra, "
+            "pip install 'servex[gpu]' (cupy-cuda12x), or use --device=cpu or --device=auto"
+        ) from e
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:  # CUDARuntimeError: no driver, no device, driver too old
+        raise DeviceError(f"{flag}: CuPy is installed but CUDA has no usable device: {e}") from e
+    if index >= count:
+        raise DeviceError(f"{flag}: no such GPU; CUDA sees {count} device(s): gpu:0 to gpu:{count - 1}")
+    return cupy
+
+
+def tensorflow_sees_a_gpu() -> bool:
+    import tensorflow as tf
+
+    return bool(tf.config.list_physical_devices("GPU"))
+
+
+def on_gpu(array: np.ndarray) -> bool:
+    return array.dtype.kind in _CUPY_KINDS
+
+
+class GpuTransferFuture(TransferFuture):
+    """A device array of one run: handed off once that run's copies have ended."""
+
+    __slots__ = ("_view", "_done", "_factory")
+
+    def __init__(self, value=None):
+        super().__init__(value)
+        self._view = None
+
+    def bind(self, view, done, factory: CupyTransferExecutorFactory) -> None:
+        self._view, self._done, self._factory = view, done, factory
+
+    def result(self):
+        if self._view is not None:
+            self._value = self._factory.hand_off(self._view, self._done)
+            self._view = None
+        return self._value
+
+
+class CupyTransferExecutor(H2DTransferExecutor):
+    def __init__(self, factory: CupyTransferExecutorFactory):
+        self.device = factory.device
+        self._factory = factory
+        self._arrays: list[np.ndarray] = []
+        self._futures: list[GpuTransferFuture] = []
+
+    def schedule(self, array: np.ndarray, device: str | None = None) -> TransferFuture:
+        self._check_device(device)
+        future = GpuTransferFuture(array)  # stays the host array unless it goes to the GPU
+        if on_gpu(array):
+            self._arrays.append(array)
+            self._futures.append(future)
+        return future
+
+    def run(self) -> None:
+        arrays, futures = self._arrays, self._futures
+        self._arrays, self._futures = [], []
+        self._factory.copy_to_device(arrays, futures)
+
+
+class CupyTransferExecutorFactory(H2DTransferExecutorFactory):
+    """One GPU's streams, staging pool and copy threads, shared by every run on it."""
+
+    def __init__(
+        self,
+        index: int = 0,
+        *,
+        chunk_bytes: int = CHUNK_BYTES,
+        max_buffers: int = MAX_BUFFERS,
+        copy_threads: int = COPY_THREADS,
+        handoff: str | None = None,
+    ):
+        self._cp = cp = import_cupy(index)
+        self.device = f"gpu:{index}"
+        self.cuda_device = cp.cuda.Device(index)
+        with self.cuda_device:
+            self.h2d_stream = cp.cuda.Stream(non_blocking=True)
+            self.d2h_stream = cp.cuda.Stream(non_blocking=True)
+        self.pool = StagingPool(chunk_bytes, max_buffers, self._pinned)
+        self._threads = ThreadPoolExecutor(copy_threads, thread_name_prefix=f"servex-h2d-{index}")
+        self._depth = copy_threads + 1
+        if handoff not in (None, "tensorflow", "cupy"):
+            raise ValueError(f"handoff must be 'tensorflow' or 'cupy', not {handoff!r}")
+        self.handoff = handoff or ("tensorflow" if tensorflow_sees_a_gpu() else "cupy")
+        self.metrics = TransferMetrics(self.device)
+
+    def _pinned(self, nbytes: int) -> StagingBuffer:
+        cp = self._cp
+        with self.cuda_device:
+            memory = cp.cuda.PinnedMemoryPointer(cp.cuda.PinnedMemory(nbytes), 0)
+        return StagingBuffer(np.frombuffer(memory, np.uint8, nbytes), memory)
+
+    def create(self) -> H2DTransferExecutor:
+        return CupyTransferExecutor(self)
+
+    def copy_to_device(self, arrays: Sequence[np.ndarray], futures: Sequence[GpuTransferFuture]) -> None:
+        """One run's copies: laid out in one device buffer, staged, enqueued; binds each future to its view."""
+        if not arrays:
+            return
+        start = time.perf_counter()
+        cp = self._cp
+        flats = [np.ascontiguousarray(a).reshape(-1).view(np.uint8) for a in arrays]
+        offsets, total = layout([f.size for f in flats])
+        stream = self.h2d_stream
+        with self.cuda_device:
+            device = cp.empty(total, cp.uint8)  # from the consumer's stream's memory pool
+            base = device.data.ptr
+            freed = cp.cuda.Event(disable_timing=True)
+            freed.record(cp.cuda.get_current_stream())
+            stream.wait_event(freed)  # our copies come after whatever the consumer did with this memory
+
+            def copy_async(buffer: StagingBuffer, at: int, nbytes: int):
+                cp.cuda.runtime.memcpyAsync(
+                    base + at, buffer.ptr, nbytes, cp.cuda.runtime.memcpyHostToDevice, stream.ptr
+                )
+                event = cp.cuda.Event(disable_timing=True)
+                event.record(stream)
+                return event
+
+            stage(flats, offsets, total, self.pool, copy_async, self._threads, self._depth)
+            done = cp.cuda.Event(disable_timing=True)
+            done.record(stream)
+        for array, offset, future in zip(arrays, offsets, futures, strict=True):
+            view = device[offset : offset + array.nbytes].view(array.dtype).reshape(array.shape)
+            future.bind(view, done, self)
+        self.metrics.bytes.inc(sum(a.nbytes for a in arrays))
+        self.metrics.seconds.observe(time.perf_counter() - start)
+
+    def hand_off(self, view, done):
+        """The consumer's tensor for a device view, once the run's copies (``done``) have ended."""
+        if self.handoff == "tensorflow":
+            import tensorflow as tf
+
+            done.synchronize()
+            return tf.experimental.dlpack.from_dlpack(view.toDlpack())
+        with self.cuda_device:
+            self._cp.cuda.get_current_stream().wait_event(done)
+        return view
+
+    def to_host(self, arrays: Sequence) -> list[np.ndarray]:
+        """Device arrays back to NumPy on the device-to-host stream, after the consumer's work on them."""
+        cp = self._cp
+        with self.cuda_device:
+            ready = cp.cuda.Event(disable_timing=True)
+            ready.record(cp.cuda.get_current_stream())
+            self.d2h_stream.wait_event(ready)
+            return [cp.asarray(a).get(stream=self.d2h_stream) for a in arrays]
+
+    def close(self) -> None:
+        self._threads.shutdown(wait=True)
