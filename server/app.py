@@ -36,9 +36,10 @@ from server.admin import BearerTokenInterceptor, VariableService
 from server.core import ServingCore
 from server.graph_service import GraphExecutorService
 from server.metrics import model_load, start_metrics_server
+from server.rest import RestServer
 from server.settings import ServerSettings
 from server.tfserving import ModelService, PredictionService, SessionService
-from transfer import make_factory
+from transfer import DeviceError, make_factory
 
 log = logging.getLogger("servex")
 
@@ -49,7 +50,8 @@ def make_manager(settings: ServerSettings) -> ModelManager[GraphExecutor]:
         inter_op_parallelism_threads=settings.tensorflow_inter_op_parallelism,
         allow_soft_placement=True,
     )
-    transfer = make_factory(settings.device)
+    transfer = make_factory(settings.device)  # DeviceError when the device cannot be used here
+    log.info("transfer executor: %s", transfer.device)
 
     def make(name: str, version: int, path: str) -> GraphExecutor:
         model = load_saved_model(
@@ -96,8 +98,8 @@ def prefetch(name: str, version: int, model, names: tuple[str, ...]) -> None:
         )
 
 
-def start_admin_server(settings: ServerSettings, core: ServingCore, options) -> grpc.aio.Server | None:
-    """The admin port (VariableService), or None when it is off."""
+def start_admin_server(settings: ServerSettings, core: ServingCore, options, lifecycle=None) -> grpc.aio.Server | None:
+    """The admin port (VariableService; with ``lifecycle``, the KServe v2 repository extension), or None when off."""
     if not settings.admin_port:
         return None
     interceptors = []
@@ -108,6 +110,10 @@ def start_admin_server(settings: ServerSettings, core: ServingCore, options) -> 
         interceptors.append(BearerTokenInterceptor(token))
     server = grpc.aio.server(options=options, interceptors=interceptors)
     variables_pb2_grpc.add_VariableServiceServicer_to_server(VariableService(core, settings.max_message_bytes), server)
+    if lifecycle is not None:
+        from server import kserve  # not at module level: see server/kserve.py
+
+        kserve.add_repository_to_server(core, lifecycle, server)
     address = f"{settings.admin_bind_address}:{settings.admin_port}"
     if server.add_insecure_port(address) == 0:
         raise OSError(f"cannot bind the admin port {address}")
@@ -158,8 +164,10 @@ class Lifecycle:
         self.health = health_servicer
         self.settings = settings
         self._known: set[str] = set()
+        self.specs: list[ModelSpec] = []  # the config last applied (the KServe v2 repository edits it)
 
     async def apply(self, specs: list[ModelSpec]) -> list[str]:
+        self.specs = list(specs)
         problems = await asyncio.get_running_loop().run_in_executor(None, self.manager.apply_config, specs)
         await self.sync_health()
         return problems
@@ -215,7 +223,11 @@ async def serve(settings: ServerSettings) -> int:
         ("grpc.so_reuseport", 0),
     ]
     server = grpc.aio.server(options=options)
-    manager = make_manager(settings)
+    try:
+        manager = make_manager(settings)
+    except DeviceError as e:  # --device unknown or not usable here (no CuPy, no GPU): fail at start
+        log.error("%s", e)
+        return 1
     try:
         batching = batching_options(settings)
     except (OSError, InvalidArgument) as e:
@@ -235,6 +247,9 @@ async def serve(settings: ServerSettings) -> int:
     graph_executor_pb2_grpc.add_GraphExecutorServicer_to_server(
         GraphExecutorService(core, settings.max_message_bytes), server
     )
+    from server import kserve  # not at module level: its inference.* protos clash with tritonclient's in one process
+
+    kserve.add_to_server(core, server)
     health_servicer = health.aio.HealthServicer()
     lifecycle = Lifecycle(manager, health_servicer, settings)
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelService(core, lifecycle.apply), server)
@@ -245,6 +260,7 @@ async def serve(settings: ServerSettings) -> int:
             model_service_pb2.DESCRIPTOR.services_by_name["ModelService"].full_name,
             SessionService.SERVICE,
             graph_executor_pb2.DESCRIPTOR.services_by_name["GraphExecutor"].full_name,
+            kserve.SERVICE,
             health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
             reflection.SERVICE_NAME,
         ],
@@ -255,7 +271,7 @@ async def serve(settings: ServerSettings) -> int:
         log.error("cannot bind gRPC to %s", address)
         return 1
     try:
-        admin = start_admin_server(settings, core, options)
+        admin = start_admin_server(settings, core, options, lifecycle)
     except (OSError, ValueError) as e:
         log.error("%s", e)
         return 1
@@ -264,11 +280,23 @@ async def serve(settings: ServerSettings) -> int:
     if admin is not None:
         await admin.start()
     log.info("gRPC on %s", address)
+    rest = None
+    if settings.rest_api_port:
+        timeout_s = settings.rest_api_timeout_in_ms / 1000
+        args = (settings.rest_api_port, settings.bind_address, settings.max_message_bytes, timeout_s)
+        rest = RestServer(core, *args, settings.drain_seconds)
+        try:
+            await rest.start()
+        except OSError as e:
+            log.error("cannot bind REST to %s:%d: %s", settings.bind_address, settings.rest_api_port, e)
+            await server.stop(0)
+            if admin is not None:
+                await admin.stop(0)
+            run_handler.close()
+            return 1
     metrics_server = None
     if settings.metrics_port:
         metrics_server = start_metrics_server(settings.metrics_port, settings.bind_address)
-    if settings.rest_api_port:
-        log.info("--rest_api_port=%d: the REST API is not served yet", settings.rest_api_port)
 
     tasks: list[asyncio.Task] = []
     exit_code = 0
@@ -299,7 +327,7 @@ async def serve(settings: ServerSettings) -> int:
 
     log.info("draining: no new calls, in-flight calls have %.0fs to finish", settings.drain_seconds)
     await health_servicer.enter_graceful_shutdown()
-    await server.stop(settings.drain_seconds)
+    await asyncio.gather(server.stop(settings.drain_seconds), *([rest.stop()] if rest is not None else []))
     if admin is not None:
         await admin.stop(1)
     run_handler.close()

@@ -11,7 +11,7 @@ import grpc
 
 from loader.errors import InvalidArgument, ServingError
 from server import metrics
-from server.core import REQUEST, RequestInfo
+from server.core import MAX_PRIORITY, MIN_PRIORITY, REQUEST, RequestInfo, checked_priority
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ def spec_version(spec) -> int | None:
 PRIORITY_METADATA = "x-servex-priority"
 
 
-def _request_info(context) -> RequestInfo:
+def request_info(context) -> RequestInfo:
     """The call's priority (gRPC metadata x-servex-priority, default 0) and deadline (monotonic, or None)."""
     priority = 0
     for key, value in context.invocation_metadata() or ():
@@ -34,7 +34,11 @@ def _request_info(context) -> RequestInfo:
             try:
                 priority = int(value)
             except ValueError:
-                raise InvalidArgument(f"metadata {PRIORITY_METADATA} must be an integer, got {value!r}") from None
+                raise InvalidArgument(
+                    f"metadata {PRIORITY_METADATA} must be an integer from {MIN_PRIORITY} to {MAX_PRIORITY}, "
+                    f"got {value!r}"
+                ) from None
+            checked_priority(priority, f"metadata {PRIORITY_METADATA}")
     remaining = context.time_remaining()
     return RequestInfo(priority, (time.monotonic() + remaining) if remaining is not None else None)
 
@@ -49,11 +53,11 @@ def rpc(method):
         spec = getattr(request, "model_spec", None) or getattr(request, "model", None)
         if spec is None and getattr(request, "tasks", None):  # MultiInference: every task names one model
             spec = request.tasks[0].model_spec
-        model = spec.name if spec is not None else ""
+        model = spec.name if spec is not None else getattr(request, "model_name", "")  # KServe v2: model_name
         code = "OK"
         info = RequestInfo()
         try:
-            info = _request_info(context)
+            info = request_info(context)
             REQUEST.set(info)
             return await method(self, request, context)
         except ServingError as e:

@@ -8,12 +8,13 @@ TensorFlow string tensors take).
 
 from __future__ import annotations
 
+import re
 import struct
 
 import ml_dtypes
 import numpy as np
 
-from loader.errors import InvalidArgument
+from loader.errors import FailedPrecondition, InvalidArgument, Unimplemented
 
 BYTES = "BYTES"
 
@@ -114,3 +115,164 @@ def to_raw(array: np.ndarray) -> bytes:
     if array.dtype.kind in "SUO":
         return encode_bytes(array)
     return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
+
+
+# -- the gRPC messages' tensors (ModelInferRequest / ModelInferResponse, any class with Triton's field names) ----
+
+# v2 datatype -> the InferTensorContents field that carries it typed; FP16 and BF16 have none (raw only).
+CONTENTS_FIELDS: dict[str, str] = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    BYTES: "bytes_contents",
+}
+# the NumPy dtype of each typed field's values
+_FIELD_DTYPES: dict[str, np.dtype] = {
+    "bool_contents": np.dtype(np.bool_),
+    "int_contents": np.dtype(np.int32),
+    "int64_contents": np.dtype(np.int64),
+    "uint_contents": np.dtype(np.uint32),
+    "uint64_contents": np.dtype(np.uint64),
+    "fp32_contents": np.dtype(np.float32),
+    "fp64_contents": np.dtype(np.float64),
+}
+_VERSION = re.compile(r"[0-9]+")
+_INT64_MAX = 2**63 - 1
+
+
+def parse_version(text: str) -> int | None:
+    """A v2 ``model_version``: "" is the latest (None), else a version number; INVALID_ARGUMENT otherwise."""
+    if not text:
+        return None
+    if not _VERSION.fullmatch(text):
+        raise InvalidArgument(f'model version {text!r} is not a version number: send "" for the latest or e.g. "1"')
+    return int(text)
+
+
+def priority_parameter(param) -> int:
+    """The ``priority`` InferParameter as servex's priority (larger runs first). int64_param, or uint64_param
+    (what tritonclient's ``priority=`` argument sends), with the same meaning."""
+    kind = param.WhichOneof("parameter_choice")
+    if kind not in ("int64_param", "uint64_param"):
+        raise InvalidArgument(
+            f"parameter 'priority' must be an integer (int64_param or uint64_param; larger runs first), got {kind}"
+        )
+    value = getattr(param, kind)
+    if value > _INT64_MAX:
+        raise InvalidArgument(f"parameter 'priority' is {value}, more than the largest int64 {_INT64_MAX}")
+    return value
+
+
+def from_contents(contents, datatype_: str, shape, tensor: str) -> np.ndarray:
+    """An array from typed InferTensorContents; INVALID_ARGUMENT names the tensor when the field, the value count
+    or a value's range does not fit the datatype and shape (v2 sends every element: nothing is broadcast)."""
+    dtype = numpy_dtype(datatype_, tensor)
+    count = element_count(shape, tensor)
+    field = CONTENTS_FIELDS.get(datatype_)
+    if field is None:
+        raise InvalidArgument(
+            f"input {tensor!r}: datatype {datatype_} has no typed contents field; send it in raw_input_contents"
+        )
+    others = [f.name for f, _ in contents.ListFields() if f.name != field]
+    if others:
+        raise InvalidArgument(f"input {tensor!r}: datatype {datatype_} takes its values in {field}, got {others}")
+    values = getattr(contents, field)
+    if len(values) != count:
+        raise InvalidArgument(
+            f"input {tensor!r}: {field} holds {len(values)} values, but datatype {datatype_} shape {list(shape)} "
+            f"takes {count}"
+        )
+    if dtype.kind == "O":
+        flat = np.empty(count, dtype=object)
+        flat[:] = list(values)
+        return flat.reshape(shape)
+    flat = np.array(values, dtype=_FIELD_DTYPES[field])
+    if flat.dtype != dtype:  # INT8/16, UINT8/16 travel in 32-bit fields: they must fit
+        info = np.iinfo(dtype)
+        if count and (flat.min() < info.min or flat.max() > info.max):
+            bad = flat[(flat < info.min) | (flat > info.max)][0]
+            raise InvalidArgument(
+                f"input {tensor!r}: value {bad} in {field} is out of range for {datatype_} ({info.min}..{info.max})"
+            )
+        flat = flat.astype(dtype)
+    return flat.reshape(shape)
+
+
+def decode_infer_inputs(inputs, raw_input_contents) -> tuple[dict[str, np.ndarray], bool]:
+    """A ModelInferRequest's inputs by name, and whether they came raw. Raw fixed-size inputs are arrays over the
+    request's bytes (no copy). INVALID_ARGUMENT names the input and what was expected."""
+    raw = len(raw_input_contents) > 0
+    if raw and len(raw_input_contents) != len(inputs):
+        raise InvalidArgument(
+            f"raw_input_contents holds {len(raw_input_contents)} entries but the request has {len(inputs)} "
+            f"input(s): send one per input, in the order of inputs, or none"
+        )
+    arrays: dict[str, np.ndarray] = {}
+    for i, tensor in enumerate(inputs):
+        name = tensor.name
+        if not name:
+            raise InvalidArgument(f"input {i} has no name")
+        if name in arrays:
+            raise InvalidArgument(f"input {name!r} is sent twice")
+        if "shared_memory_region" in tensor.parameters:
+            raise Unimplemented(f"input {name!r}: shared memory is not supported; send the data in the request")
+        shape = tuple(tensor.shape)
+        if not raw:
+            arrays[name] = from_contents(tensor.contents, tensor.datatype, shape, name)
+            continue
+        if tensor.contents.ListFields():
+            raise InvalidArgument(
+                f"input {name!r} has typed contents and raw_input_contents[{i}]: send its data in one of them"
+            )
+        data = raw_input_contents[i]
+        if tensor.datatype == BYTES and element_count(shape, name) * 4 > len(data):
+            raise InvalidArgument(
+                f"input {name!r}: {len(data)} raw bytes cannot hold the {element_count(shape, name)} BYTES elements "
+                f"of shape {list(shape)} (each takes at least its 4-byte length)"
+            )
+        arrays[name] = from_raw(data, tensor.datatype, shape, name)
+    return arrays, raw
+
+
+def fill_contents(contents, array: np.ndarray) -> None:
+    """Write ``array`` into typed InferTensorContents; ValueError when its datatype has no typed field."""
+    field = CONTENTS_FIELDS.get(datatype(array.dtype))
+    if field is None:
+        raise ValueError(f"datatype {datatype(array.dtype)} has no typed contents field")
+    flat = array.reshape(-1)
+    if field == "bytes_contents":
+        getattr(contents, field).extend(v.encode() if isinstance(v, str) else bytes(v) for v in flat)
+    else:
+        getattr(contents, field).extend(flat.tolist())
+
+
+def fill_infer_outputs(response, outputs: dict[str, np.ndarray], raw: bool) -> None:
+    """Add ``outputs`` to a ModelInferResponse: in ``raw_output_contents`` when ``raw`` or when an output has no
+    typed field (FP16, BF16), else in typed contents. FAILED_PRECONDITION for an output v2 cannot carry."""
+    datatypes = {}
+    for name, array in outputs.items():
+        try:
+            datatypes[name] = datatype(array.dtype)
+        except ValueError:
+            raise FailedPrecondition(
+                f"output {name!r} has dtype {array.dtype.name}, which the KServe v2 protocol cannot carry "
+                f"(use TensorFlow Serving's Predict for it)"
+            ) from None
+    raw = raw or any(d not in CONTENTS_FIELDS for d in datatypes.values())
+    for name, array in outputs.items():
+        out = response.outputs.add()
+        out.name = name
+        out.datatype = datatypes[name]
+        out.shape.extend(array.shape)
+        if raw:
+            response.raw_output_contents.append(to_raw(array))
+        else:
+            fill_contents(out.contents, array)

@@ -17,6 +17,7 @@ def test_there_are_protos():
         "protos/servex/v1/graph_executor.proto",
         "protos/servex/v1/variables.proto",
         "protos/servex/v1/batching.proto",
+        "protos/inference/grpc_service.proto",
     } <= set(PROTOS)
 
 
@@ -45,3 +46,57 @@ def test_generated_service_is_servex_v1_graph_executor():
     assert [m.name for m in service.methods] == ["Run"]
     fields = graph_executor_pb2.RunRequest.DESCRIPTOR.fields_by_name
     assert {"model", "graph_name", "feeds", "fetches", "targets", "priority"} <= set(fields)
+
+
+# Every message servex's inference proto defines, as (field name, number, type, repeated, message type), printed
+# by a subprocess: servex's `inference.*` and tritonclient's cannot be loaded into one process.
+_DUMP_SERVEX_INFERENCE = """
+import json
+from protos.inference import grpc_service_pb2 as pb
+
+def fields(d):
+    return sorted((f.name, f.number, f.type, f.is_repeated, f.message_type.full_name if f.message_type else "")
+                  for f in d.fields)
+
+def walk(d, out):
+    out[d.full_name] = fields(d)
+    for nested in d.nested_types:
+        walk(nested, out)
+
+out = {}
+for d in pb.DESCRIPTOR.message_types_by_name.values():
+    walk(d, out)
+service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+methods = {m.name: [m.input_type.full_name, m.output_type.full_name, m.client_streaming, m.server_streaming]
+           for m in service.methods}
+print(json.dumps({"service": service.full_name, "methods": methods, "messages": out}))
+"""
+
+
+def test_inference_proto_is_wire_compatible_with_tritonclient():
+    """Same service and method names, message names, field numbers and types as tritonclient.grpc uses."""
+    import json
+
+    from tritonclient.grpc import service_pb2 as triton
+
+    out = subprocess.run(
+        [sys.executable, "-c", _DUMP_SERVEX_INFERENCE], cwd=REPO, check=True, capture_output=True, text=True
+    )
+    servex = json.loads(out.stdout)
+    assert servex["service"] == "inference.GRPCInferenceService"
+    triton_service = triton.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+    assert set(servex["methods"]) == {
+        "ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelInfer",
+        "ModelStreamInfer", "RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload",
+    }  # fmt: skip
+    for name, signature in servex["methods"].items():
+        method = triton_service.methods_by_name[name]
+        expected = [method.input_type.full_name, method.output_type.full_name]
+        assert signature == [*expected, method.client_streaming, method.server_streaming], name
+    for full_name, fields in servex["messages"].items():
+        descriptor = triton.DESCRIPTOR.pool.FindMessageTypeByName(full_name)
+        expected = sorted(
+            (f.name, f.number, f.type, f.is_repeated, f.message_type.full_name if f.message_type else "")
+            for f in descriptor.fields
+        )
+        assert [tuple(f) for f in fields] == expected, full_name

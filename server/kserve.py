@@ -1,0 +1,266 @@
+"""The KServe v2 / Open Inference Protocol gRPC API (`inference.GRPCInferenceService`, what tritonclient.grpc
+calls) over the ServingCore.
+
+Thin: decode the request with `server/v2_types.py`, call the core, encode the answer. A v2 model is a servex
+model; its tensors are the `serving_default` signature's input and output aliases. `KServeService` serves the
+inference methods on the main port; `RepositoryService` serves the model repository extension on the admin port
+(load: add the model to the served config; unload: take it out), and the main port answers those UNIMPLEMENTED.
+
+Kept out of `server.app`'s module-level imports: the generated `inference.*` messages share their full names with
+tritonclient's, and one process cannot hold both (the tests import tritonclient).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from importlib import metadata
+
+from loader.config import ModelSpec
+from loader.errors import FailedPrecondition, InvalidArgument, NotFound, ServingError, Unimplemented
+from loader.manager import AVAILABLE, LOADING, UNLOADING
+from protos.inference import grpc_service_pb2 as pb
+from protos.inference import grpc_service_pb2_grpc as pb_grpc
+from server import metrics, v2_types
+from server.core import REQUEST, RequestInfo, ServingCore
+from server.rpc import UNKNOWN_MODEL_LABEL, request_info, rpc
+
+log = logging.getLogger(__name__)
+
+SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
+PLATFORM = "tensorflow_savedmodel"
+# What ServerMetadata lists: the repository extension (on the admin port) and request parameters (priority).
+EXTENSIONS = ("model_repository", "parameters")
+PRIORITY = "priority"
+BASE_PATH = "base_path"
+# ModelManager states -> the v2 repository index's
+_INDEX_STATES = {AVAILABLE: "READY", LOADING: "LOADING", UNLOADING: "UNLOADING"}
+
+
+def _server_version() -> str:
+    try:
+        return metadata.version("servex")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _tensor_metadata(name: str, spec) -> pb.ModelMetadataResponse.TensorMetadata:
+    try:
+        datatype = v2_types.datatype(spec.dtype)
+    except ValueError:  # e.g. complex: no v2 datatype; say what it is
+        datatype = spec.describe().split()[0]
+    shape = [-1] if spec.shape is None else [-1 if d is None else d for d in spec.shape]
+    return pb.ModelMetadataResponse.TensorMetadata(name=name, datatype=datatype, shape=shape)
+
+
+class KServeService(pb_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, core: ServingCore):
+        self.core = core
+        self.version = _server_version()
+
+    @rpc
+    async def ServerLive(self, request, context):
+        return pb.ServerLiveResponse(live=True)
+
+    @rpc
+    async def ServerReady(self, request, context):
+        return pb.ServerReadyResponse(ready=bool(self.core.manager.available_models()))
+
+    @rpc
+    async def ModelReady(self, request, context):
+        version = v2_types.parse_version(request.version)
+        if not request.name:
+            raise InvalidArgument("name is empty: name the model to ask about")
+        try:
+            self.core.resolve(request.name, version)
+        except ServingError:  # unknown, loading, failed: not ready
+            return pb.ModelReadyResponse(ready=False)
+        return pb.ModelReadyResponse(ready=True)
+
+    @rpc
+    async def ServerMetadata(self, request, context):
+        return pb.ServerMetadataResponse(name="servex", version=self.version, extensions=EXTENSIONS)
+
+    @rpc
+    async def ModelMetadata(self, request, context):
+        version = v2_types.parse_version(request.version)
+        if not request.name:
+            raise InvalidArgument("name is empty: name the model to ask about")
+        served = self.core.resolve(request.name, version)
+        sig = self.core.signature(served, "")
+        available = [sv.version for sv in self.core.manager.statuses(served.name) if sv.state == AVAILABLE]
+        return pb.ModelMetadataResponse(
+            name=served.name,
+            versions=[str(v) for v in available],
+            platform=PLATFORM,
+            inputs=[_tensor_metadata(alias, spec) for alias, spec in sorted(sig.inputs.items())],
+            outputs=[_tensor_metadata(alias, sig.outputs[alias]) for alias in sig.output_aliases],
+        )
+
+    @rpc
+    async def ModelInfer(self, request, context):
+        return await self._infer(request)
+
+    async def _infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
+        version = v2_types.parse_version(request.model_version)
+        if not request.model_name:
+            raise InvalidArgument("model_name is empty: name the model to call")
+        if PRIORITY in request.parameters:  # wins over x-servex-priority metadata
+            REQUEST.get().priority = v2_types.priority_parameter(request.parameters[PRIORITY])
+        inputs, raw = v2_types.decode_infer_inputs(request.inputs, request.raw_input_contents)
+        requested = [out.name for out in request.outputs]
+        if requested:
+            self._check_requested(request.model_name, version, requested)
+        result = await self.core.predict(request.model_name, version, "", "", inputs, requested)
+        response = pb.ModelInferResponse(model_name=result.model_name, model_version=str(result.version))
+        response.id = request.id
+        v2_types.fill_infer_outputs(response, result.outputs, raw)
+        return response
+
+    def _check_requested(self, name: str, version: int | None, requested: list[str]) -> None:
+        if len(set(requested)) != len(requested):
+            raise InvalidArgument(f"outputs names an output twice: {requested}")
+        served = self.core.resolve(name, version)
+        outputs = self.core.signature(served, "").output_aliases
+        unknown = [o for o in requested if o not in outputs]
+        if unknown:
+            raise InvalidArgument(
+                f"model {served.name!r} version {served.version}: requested output(s) {unknown} do not exist; "
+                f"outputs: {', '.join(outputs)}"
+            )
+
+    async def ModelStreamInfer(self, request_iterator, context):
+        """Each request is answered in order; a failed one answers with ``error_message`` and the stream goes on."""
+        async for request in request_iterator:
+            start = time.perf_counter()
+            code = "OK"
+            info = RequestInfo()
+            try:
+                info = request_info(context)
+                REQUEST.set(info)
+                answer = pb.ModelStreamInferResponse(infer_response=await self._infer(request))
+            except ServingError as e:
+                code = e.code
+                answer = pb.ModelStreamInferResponse(error_message=f"{e.code}: {e.message}")
+            except Exception as e:  # one bad request must not end the stream
+                code = "INTERNAL"
+                log.exception("ModelStreamInfer failed")
+                answer = pb.ModelStreamInferResponse(error_message=f"INTERNAL: {type(e).__name__}: {e}")
+            finally:
+                model = request.model_name if self.core.is_served(request.model_name) else UNKNOWN_MODEL_LABEL
+                labels = ("ModelStreamInfer", model, info.version, info.signature, str(info.priority))
+                metrics.observe(labels, code, time.perf_counter() - start)
+            yield answer
+
+    # The repository extension lives on the admin port; here it says where to find it.
+    @rpc
+    async def RepositoryIndex(self, request, context):
+        raise _admin_only("RepositoryIndex")
+
+    @rpc
+    async def RepositoryModelLoad(self, request, context):
+        raise _admin_only("RepositoryModelLoad")
+
+    @rpc
+    async def RepositoryModelUnload(self, request, context):
+        raise _admin_only("RepositoryModelUnload")
+
+
+def _admin_only(method: str) -> Unimplemented:
+    return Unimplemented(f"{method} (the model repository extension) is served on the admin port (--admin_port)")
+
+
+class RepositoryService(pb_grpc.GRPCInferenceServiceServicer):
+    """The model repository extension over the served config (``lifecycle.specs``, applied by
+    ``lifecycle.apply``): load adds a model (known from the config, unloaded earlier, or at the ``base_path``
+    parameter) and answers once it is served; unload removes it (in-flight requests finish first)."""
+
+    def __init__(self, core: ServingCore, lifecycle):
+        self.core = core
+        self.lifecycle = lifecycle
+        self.unloaded: dict[str, ModelSpec] = {}  # models unloaded here, loadable again by name
+        self._lock = asyncio.Lock()
+
+    @staticmethod
+    def _repository(name: str) -> None:
+        if name:
+            raise NotFound(f'repository {name!r} does not exist: servex has one repository, named ""')
+
+    @rpc
+    async def RepositoryIndex(self, request, context):
+        self._repository(request.repository_name)
+        response = pb.RepositoryIndexResponse()
+        manager = self.core.manager
+        for name in manager.model_names():
+            try:
+                versions = manager.statuses(name)
+            except NotFound:  # removed meanwhile
+                continue
+            for sv in versions:
+                state = _INDEX_STATES.get(sv.state, "UNAVAILABLE")
+                if request.ready and state != "READY":
+                    continue
+                reason = sv.error.message if sv.error is not None else ""
+                response.models.add(name=name, version=str(sv.version), state=state, reason=reason)
+        if not request.ready:
+            for name in sorted(self.unloaded):
+                response.models.add(name=name, state="UNAVAILABLE", reason="unloaded")
+        return response
+
+    @rpc
+    async def RepositoryModelLoad(self, request, context):
+        self._repository(request.repository_name)
+        name = request.model_name
+        if not name:
+            raise InvalidArgument("model_name is empty: name the model to load")
+        unsupported = sorted(set(request.parameters) - {BASE_PATH})
+        if unsupported:
+            raise InvalidArgument(f"parameter(s) {unsupported} are not supported; supported: [{BASE_PATH!r}]")
+        async with self._lock:
+            specs = {spec.name: spec for spec in self.lifecycle.specs}
+            if BASE_PATH in request.parameters:
+                param = request.parameters[BASE_PATH]
+                if param.WhichOneof("parameter_choice") != "string_param" or not param.string_param:
+                    raise InvalidArgument(f"parameter {BASE_PATH!r} must be a string_param naming a folder")
+                spec = ModelSpec(name, param.string_param)
+            else:
+                spec = specs.get(name) or self.unloaded.get(name)
+                if spec is None:
+                    known = ", ".join(sorted(set(specs) | set(self.unloaded))) or "none"
+                    raise NotFound(
+                        f"model {name!r} is not in the repository (known models: {known}); "
+                        f"send parameter {BASE_PATH!r} to load it from a folder of version folders"
+                    )
+            specs[name] = spec
+            problems = await self.lifecycle.apply(list(specs.values()))
+            self.unloaded.pop(name, None)
+        mine = [p for p in problems if p.startswith(f"model {name!r}")]
+        if mine or name not in self.core.manager.available_models():
+            raise FailedPrecondition(
+                f"model {name!r} is in the repository but did not load: {'; '.join(mine) or 'no version available'}"
+            )
+        return pb.RepositoryModelLoadResponse()
+
+    @rpc
+    async def RepositoryModelUnload(self, request, context):
+        self._repository(request.repository_name)
+        name = request.model_name
+        if not name:
+            raise InvalidArgument("model_name is empty: name the model to unload")
+        async with self._lock:
+            specs = {spec.name: spec for spec in self.lifecycle.specs}
+            spec = specs.pop(name, None)
+            if spec is None:
+                raise NotFound(f"model {name!r} is not served (served models: {', '.join(sorted(specs)) or 'none'})")
+            await self.lifecycle.apply(list(specs.values()))
+            self.unloaded[name] = spec
+        return pb.RepositoryModelUnloadResponse()
+
+
+def add_to_server(core: ServingCore, server) -> None:
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(KServeService(core), server)
+
+
+def add_repository_to_server(core: ServingCore, lifecycle, server) -> None:
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(RepositoryService(core, lifecycle), server)

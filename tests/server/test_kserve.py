@@ -1,0 +1,298 @@
+"""The KServe v2 gRPC codec (server/v2_types.py's message functions) on tritonclient's own request and response
+messages: what the client sends is what servex decodes, and what servex encodes is what the client reads.
+
+servex's generated `inference.*` modules are not imported here: they and tritonclient's share full names and one
+process cannot hold both (tests/protos/test_generated.py checks the two are wire-compatible, in a subprocess)."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+from tritonclient.grpc import InferInput, service_pb2
+from tritonclient.utils import deserialize_bytes_tensor
+
+from loader.errors import FailedPrecondition, InvalidArgument, Unimplemented
+from server import v2_types
+
+Request = service_pb2.ModelInferRequest
+
+EXAMPLES = {
+    "BOOL": np.array([[True, False, True]]),
+    "UINT8": np.array([[0, 7, 255]], np.uint8),
+    "UINT16": np.array([[0, 7, 65535]], np.uint16),
+    "UINT32": np.array([[0, 7, 2**32 - 1]], np.uint32),
+    "UINT64": np.array([[0, 7, 2**64 - 1]], np.uint64),
+    "INT8": np.array([[-128, 7, 127]], np.int8),
+    "INT16": np.array([[-32768, 7, 32767]], np.int16),
+    "INT32": np.array([[-(2**31), 7, 2**31 - 1]], np.int32),
+    "INT64": np.array([[-(2**63), 7, 2**63 - 1]], np.int64),
+    "FP16": np.array([[0.5, -2.0, 65504]], np.float16),
+    "BF16": np.array([[0.5, -2.0, 3.0e38]], ml_dtypes.bfloat16),
+    "FP32": np.array([[0.5, -2.0, 1e30]], np.float32),
+    "FP64": np.array([[0.5, -2.0, 1e300]], np.float64),
+    "BYTES": np.array([[b"", b"a\x00b", "é".encode()]], dtype=object),
+}
+
+
+def raw_request(arrays: dict[str, np.ndarray]) -> Request:
+    """A request as tritonclient builds it from NumPy arrays (set_data_from_numpy: the raw path)."""
+    request = Request(model_name="m")
+    for name, array in arrays.items():
+        infer_input = InferInput(name, list(array.shape), v2_types.datatype(array.dtype))
+        # tritonclient takes BF16 as float32 and keeps the upper 16 bits
+        infer_input.set_data_from_numpy(array.astype(np.float32) if array.dtype == ml_dtypes.bfloat16 else array)
+        request.inputs.append(infer_input._get_tensor())
+        request.raw_input_contents.append(infer_input._get_content())
+    return request
+
+
+def typed_input(request: Request, name: str, datatype: str, shape, **contents) -> None:
+    tensor = request.inputs.add(name=name, datatype=datatype, shape=shape)
+    for field, values in contents.items():
+        getattr(tensor.contents, field).extend(values)
+
+
+def decode(request: Request):
+    return v2_types.decode_infer_inputs(request.inputs, request.raw_input_contents)
+
+
+# -- versions and parameters ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("text", "version"), [("", None), ("7", 7), ("00123", 123)])
+def test_version_is_latest_or_a_number(text, version):
+    assert v2_types.parse_version(text) == version
+
+
+@pytest.mark.parametrize("text", ["abc", "-1", "1.5", " 1", "latest"])
+def test_version_that_is_not_a_number_is_invalid(text):
+    with pytest.raises(InvalidArgument, match="is not a version number"):
+        v2_types.parse_version(text)
+
+
+def test_priority_from_int64_or_uint64_param():
+    assert v2_types.priority_parameter(service_pb2.InferParameter(int64_param=-3)) == -3
+    assert v2_types.priority_parameter(service_pb2.InferParameter(uint64_param=5)) == 5
+
+
+@pytest.mark.parametrize(
+    "param",
+    [
+        service_pb2.InferParameter(string_param="5"),
+        service_pb2.InferParameter(double_param=1.0),
+        service_pb2.InferParameter(bool_param=True),
+        service_pb2.InferParameter(),
+    ],
+)
+def test_priority_that_is_not_an_integer_is_invalid(param):
+    with pytest.raises(InvalidArgument, match="'priority' must be an integer"):
+        v2_types.priority_parameter(param)
+
+
+def test_priority_beyond_int64_is_invalid():
+    with pytest.raises(InvalidArgument, match="more than the largest int64"):
+        v2_types.priority_parameter(service_pb2.InferParameter(uint64_param=2**63))
+
+
+# -- raw inputs ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("datatype", list(EXAMPLES))
+def test_every_datatype_decodes_from_tritonclient_raw_data(datatype):
+    array = EXAMPLES[datatype]
+    inputs, raw = decode(raw_request({"t": array}))
+    assert raw
+    assert inputs["t"].dtype == v2_types.DTYPES[datatype]
+    assert inputs["t"].shape == array.shape
+    np.testing.assert_array_equal(inputs["t"], array)
+
+
+def test_raw_fixed_size_input_is_a_view_over_the_request_bytes():
+    inputs, _ = decode(raw_request({"t": np.arange(64, dtype=np.float32).reshape(1, 64)}))
+    view = inputs["t"]
+    assert not view.flags.owndata  # np.frombuffer over the message's bytes, not a copy
+    assert not view.flags.writeable
+    assert isinstance(view.base, bytes | memoryview) or isinstance(view.base.base, bytes | memoryview)
+
+
+def test_raw_count_must_match_inputs():
+    request = raw_request({"a": np.zeros(2, np.float32)})
+    request.raw_input_contents.append(b"")
+    with pytest.raises(InvalidArgument, match=r"raw_input_contents holds 2 entries but the request has 1 input"):
+        decode(request)
+
+
+def test_raw_size_must_match_shape_and_datatype():
+    request = raw_request({"a": np.zeros((2, 3), np.float32)})
+    request.raw_input_contents[0] = b"\0" * 20
+    with pytest.raises(InvalidArgument, match=r"'a': 20 raw bytes do not fit datatype FP32 shape \[2, 3\].*24 bytes"):
+        decode(request)
+
+
+def test_raw_and_typed_contents_together_are_invalid():
+    request = raw_request({"a": np.zeros(2, np.float32)})
+    request.inputs[0].contents.fp32_contents.extend([1.0, 2.0])
+    with pytest.raises(InvalidArgument, match=r"'a' has typed contents and raw_input_contents\[0\]"):
+        decode(request)
+
+
+def test_unknown_datatype_names_the_known_ones():
+    request = raw_request({"a": np.zeros(2, np.float32)})
+    request.inputs[0].datatype = "FP33"
+    with pytest.raises(InvalidArgument, match=r"'a': unknown datatype 'FP33'; expected one of BOOL, .*BYTES"):
+        decode(request)
+
+
+def test_negative_dimension_is_invalid():
+    request = raw_request({"a": np.zeros(2, np.float32)})
+    request.inputs[0].shape[:] = [-1, 2]
+    with pytest.raises(InvalidArgument, match="negative dimension"):
+        decode(request)
+
+
+def test_malformed_bytes_are_invalid():
+    request = raw_request({"s": np.array([b"abc", b"de"], dtype=object)})
+    request.raw_input_contents[0] = request.raw_input_contents[0][:-1]
+    with pytest.raises(InvalidArgument, match="'s': BYTES element 1 claims 2 bytes past the data's end"):
+        decode(request)
+
+
+def test_huge_bytes_shape_over_little_data_fails_without_allocating():
+    request = raw_request({"s": np.array([b"abc"], dtype=object)})
+    request.inputs[0].shape[:] = [10**12]
+    with pytest.raises(InvalidArgument, match="cannot hold the 1000000000000 BYTES elements"):
+        decode(request)
+
+
+def test_duplicate_and_nameless_inputs_are_invalid():
+    request = raw_request({"a": np.zeros(2, np.float32)})
+    request.inputs.append(request.inputs[0])
+    request.raw_input_contents.append(request.raw_input_contents[0])
+    with pytest.raises(InvalidArgument, match="'a' is sent twice"):
+        decode(request)
+    request = Request()
+    typed_input(request, "", "FP32", [1], fp32_contents=[1.0])
+    with pytest.raises(InvalidArgument, match="input 0 has no name"):
+        decode(request)
+
+
+def test_shared_memory_is_unimplemented():
+    request = raw_request({"a": np.zeros(2, np.float32)})
+    request.inputs[0].parameters["shared_memory_region"].string_param = "region"
+    with pytest.raises(Unimplemented, match="shared memory is not supported"):
+        decode(request)
+
+
+# -- typed inputs --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("datatype", [d for d in EXAMPLES if d in v2_types.CONTENTS_FIELDS])
+def test_typed_contents_round_trip_every_datatype_that_has_a_field(datatype):
+    array = EXAMPLES[datatype]
+    request = Request()
+    tensor = request.inputs.add(name="t", datatype=datatype, shape=array.shape)
+    v2_types.fill_contents(tensor.contents, array)
+    inputs, raw = decode(request)
+    assert not raw
+    assert inputs["t"].dtype == v2_types.DTYPES[datatype]
+    np.testing.assert_array_equal(inputs["t"], array)
+
+
+@pytest.mark.parametrize("datatype", ["FP16", "BF16"])
+def test_half_precision_has_no_typed_field(datatype):
+    request = Request()
+    typed_input(request, "h", datatype, [1], fp32_contents=[1.0])
+    with pytest.raises(InvalidArgument, match=f"'h': datatype {datatype} has no typed contents field; send it in raw"):
+        decode(request)
+
+
+def test_typed_values_in_the_wrong_field_are_invalid():
+    request = Request()
+    typed_input(request, "x", "FP32", [2], int_contents=[1, 2])
+    with pytest.raises(InvalidArgument, match=r"'x': datatype FP32 takes its values in fp32_contents, got \['int_"):
+        decode(request)
+
+
+@pytest.mark.parametrize("values", [[1.0], [1.0, 2.0, 3.0, 4.0], []])
+def test_typed_value_count_must_match_the_shape(values):
+    request = Request()
+    typed_input(request, "x", "FP32", [1, 3], fp32_contents=values)
+    with pytest.raises(InvalidArgument, match=rf"'x': fp32_contents holds {len(values)} values, but .* takes 3"):
+        decode(request)
+
+
+def test_typed_value_out_of_range_for_narrow_integers():
+    request = Request()
+    typed_input(request, "x", "INT8", [2], int_contents=[1, 300])
+    with pytest.raises(InvalidArgument, match=r"'x': value 300 in int_contents is out of range for INT8 \(-128..127\)"):
+        decode(request)
+    request = Request()
+    typed_input(request, "u", "UINT16", [1], uint_contents=[70000])
+    with pytest.raises(InvalidArgument, match="out of range for UINT16"):
+        decode(request)
+
+
+def test_empty_tensor_decodes_typed_and_raw():
+    request = Request()
+    typed_input(request, "x", "FP32", [0, 3])
+    inputs, _ = decode(request)
+    assert inputs["x"].shape == (0, 3)
+    inputs, _ = decode(raw_request({"x": np.zeros((0, 3), np.int64)}))
+    assert inputs["x"].shape == (0, 3)
+
+
+# -- outputs -------------------------------------------------------------------------------------------
+
+
+def read_outputs(response) -> dict[str, np.ndarray]:
+    """What a client reads: typed contents, or raw_output_contents in output order (tritonclient's decoding)."""
+    out = {}
+    for i, tensor in enumerate(response.outputs):
+        dtype = v2_types.DTYPES[tensor.datatype]
+        if response.raw_output_contents:
+            data = response.raw_output_contents[i]
+            if tensor.datatype == "BYTES":
+                out[tensor.name] = deserialize_bytes_tensor(data).reshape(tensor.shape)
+            else:
+                out[tensor.name] = np.frombuffer(data, dtype).reshape(tensor.shape)
+        else:
+            out[tensor.name] = v2_types.from_contents(tensor.contents, tensor.datatype, tensor.shape, tensor.name)
+    return out
+
+
+def test_outputs_raw_when_the_request_was_raw():
+    response = service_pb2.ModelInferResponse()
+    outputs = {"y": EXAMPLES["FP32"], "s": EXAMPLES["BYTES"]}
+    v2_types.fill_infer_outputs(response, outputs, raw=True)
+    assert len(response.raw_output_contents) == 2
+    assert not response.outputs[0].HasField("contents")
+    assert [(t.name, t.datatype, list(t.shape)) for t in response.outputs] == [
+        ("y", "FP32", [1, 3]),
+        ("s", "BYTES", [1, 3]),
+    ]
+    got = read_outputs(response)
+    np.testing.assert_array_equal(got["y"], outputs["y"])
+    np.testing.assert_array_equal(got["s"], outputs["s"])
+
+
+def test_outputs_typed_when_the_request_was_typed():
+    response = service_pb2.ModelInferResponse()
+    outputs = {d: EXAMPLES[d] for d in EXAMPLES if d in v2_types.CONTENTS_FIELDS}
+    v2_types.fill_infer_outputs(response, outputs, raw=False)
+    assert not response.raw_output_contents
+    for name, got in read_outputs(response).items():
+        np.testing.assert_array_equal(got, outputs[name])
+
+
+def test_a_half_precision_output_makes_every_output_raw():
+    response = service_pb2.ModelInferResponse()
+    v2_types.fill_infer_outputs(response, {"y": EXAMPLES["FP32"], "h": EXAMPLES["FP16"]}, raw=False)
+    assert len(response.raw_output_contents) == 2
+    np.testing.assert_array_equal(read_outputs(response)["h"], EXAMPLES["FP16"])
+
+
+def test_an_output_v2_cannot_carry_is_named():
+    response = service_pb2.ModelInferResponse()
+    with pytest.raises(FailedPrecondition, match="output 'z' has dtype complex64"):
+        v2_types.fill_infer_outputs(response, {"z": np.zeros(2, np.complex64)}, raw=True)
