@@ -23,7 +23,7 @@ from loader.manager import AVAILABLE, LOADING, UNLOADING
 from protos.inference import grpc_service_pb2 as pb
 from protos.inference import grpc_service_pb2_grpc as pb_grpc
 from server import metrics, v2_types
-from server.core import REQUEST, RequestInfo, ServingCore
+from server.core import REQUEST, RequestInfo, ServingCore, checked_priority
 from server.rpc import UNKNOWN_MODEL_LABEL, request_info, rpc
 
 log = logging.getLogger(__name__)
@@ -107,7 +107,8 @@ class KServeService(pb_grpc.GRPCInferenceServiceServicer):
         if not request.model_name:
             raise InvalidArgument("model_name is empty: name the model to call")
         if PRIORITY in request.parameters:  # wins over x-servex-priority metadata
-            REQUEST.get().priority = v2_types.priority_parameter(request.parameters[PRIORITY])
+            value = v2_types.priority_parameter(request.parameters[PRIORITY])
+            REQUEST.get().priority = checked_priority(value, "parameter 'priority'")
         inputs, raw = v2_types.decode_infer_inputs(request.inputs, request.raw_input_contents)
         requested = [out.name for out in request.outputs]
         if requested:

@@ -245,6 +245,16 @@ def test_priority_parameter_is_the_request_priority(client, served, stub):
     error = rpc_error(stub.ModelInfer, request)
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "'priority' must be an integer" in error.details()
+    request.parameters["priority"].int64_param = 10**6
+    error = rpc_error(stub.ModelInfer, request)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "parameter 'priority' must be an integer from" in error.details()
+
+
+def test_reflection_lists_the_service(served):
+    from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+
+    assert "inference.GRPCInferenceService" in ProtoReflectionDescriptorDatabase(served[0].channel).get_services()
 
 
 # -- malformed requests --------------------------------------------------------------------------------
