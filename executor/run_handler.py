@@ -58,6 +58,9 @@ class Ticket:
     deadline: float | None = None  # time.monotonic() by which it must have started
     model: str = ""
     labels: tuple[str, str, str] = ("", "", "")  # model, version, signature or graph name
+    # Called once when the request leaves the scheduler: after its run, or when it is dropped, expired or refused.
+    # The core releases the version's lease here, so a cancelled caller never unloads a version under a run.
+    done: Callable[[], None] | None = None
 
 
 def _deliver(future: asyncio.Future, ok: bool, value) -> None:
@@ -137,6 +140,8 @@ class RunHandler:
         self._stopping = False
         self._outboxes: dict[asyncio.AbstractEventLoop, _Outbox] = {}
         self._metrics: dict[tuple, RunMetrics] = {}
+        # Batch keys whose graphs answered without the batch dimension: their requests never batch again.
+        self._unbatchable: set[tuple] = set()
         self._threads = [
             threading.Thread(target=self._work, name=f"servex-run-{i}", daemon=True) for i in range(num_workers)
         ]
@@ -160,12 +165,20 @@ class RunHandler:
         if any(v.shape[0] != rows for v in values) or rows > batching.max_batch_size:
             return self._enqueue(executor.run, (feeds, fetches, (), "", pin), ticket, None, {})
         key = (id(executor), tuple(feeds), fetches, pin, tuple((v.dtype, v.shape[1:]) for v in values))
+        if key in self._unbatchable:
+            return self._enqueue(executor.run, (feeds, fetches, (), "", pin), ticket, None, {})
         item_args = (executor, fetches, pin)
         return self._enqueue(executor.run, item_args, ticket, key, feeds, rows)
 
     def _enqueue(self, fn, args, ticket: Ticket, batch_key, feeds, rows: int = 0) -> asyncio.Future:
-        if self._closed:
-            raise RuntimeError("RunHandler is closed")
+        try:
+            return self._enqueue_or_raise(fn, args, ticket, batch_key, feeds, rows)
+        except BaseException:
+            if ticket.done is not None:
+                ticket.done()
+            raise
+
+    def _enqueue_or_raise(self, fn, args, ticket: Ticket, batch_key, feeds, rows: int) -> asyncio.Future:
         loop = asyncio.get_running_loop()
         outbox = self._outboxes.get(loop)
         if outbox is None:
@@ -173,7 +186,11 @@ class RunHandler:
         future = loop.create_future()
         metrics = self._metrics_for(ticket)
         with self._cond:
+            if self._stopping:
+                raise RuntimeError("RunHandler is closed")
             queued = self._queued.get(ticket.model, 0)
+            if self.max_queued_per_model and queued >= self.max_queued_per_model:
+                queued = self._purge(ticket.model)
             if self.max_queued_per_model and queued >= self.max_queued_per_model:
                 metrics.rejected()
                 raise ResourceExhausted(
@@ -186,6 +203,21 @@ class RunHandler:
             metrics.queue_depth.set(queued + 1)
             self._cond.notify()
         return future
+
+    def _purge(self, model: str) -> int:
+        """Drop ``model``'s queued requests whose callers went away or whose deadline passed, so that they do not
+        count against the bound; returns how many remain queued. The lock is held; runs only at the bound."""
+        now = time.monotonic()
+        for priority, queue in list(self._levels.items()):
+            for item in [i for i in queue if i.ticket.model == model]:
+                expired = item.ticket.deadline is not None and now > item.ticket.deadline
+                if item.future.cancelled() or expired:
+                    queue.remove(item)
+                    self._dequeued(item)
+                    self._drop(item, now, expired)
+            if not queue:
+                del self._levels[priority]
+        return self._queued.get(model, 0)
 
     def _metrics_for(self, ticket: Ticket) -> RunMetrics:
         key = (*ticket.labels, ticket.priority)
@@ -213,12 +245,10 @@ class RunHandler:
             item = queue.popleft()
             self._dequeued(item)
             expired = item.ticket.deadline is not None and now > item.ticket.deadline
-            if item.future.cancelled():  # the caller went away while this waited (gRPC cancels at the deadline)
-                if expired:
-                    self._metrics_for(item.ticket).deadline_exceeded.inc()
-                continue
-            if expired:
-                self._expire(item, now)
+            if item.future.cancelled() or expired:  # the caller went away (gRPC cancels at the deadline)
+                self._drop(item, now, expired)
+                if not queue:
+                    del self._levels[level]
                 continue
             batch = [item]
             if item.batch_key is not None:
@@ -227,21 +257,34 @@ class RunHandler:
                     if other.batch_key == item.batch_key and rows + other.rows <= self.batching.max_batch_size:
                         queue.remove(other)
                         self._dequeued(other)
-                        if other.future.cancelled():
-                            continue
-                        if other.ticket.deadline is not None and now > other.ticket.deadline:
-                            self._expire(other, now)
+                        expired = other.ticket.deadline is not None and now > other.ticket.deadline
+                        if other.future.cancelled() or expired:
+                            self._drop(other, now, expired)
                             continue
                         batch.append(other)
                         rows += other.rows
+            if not queue:
+                del self._levels[level]
             return batch
 
-    def _expire(self, item: _Item, now: float) -> None:
-        self._metrics_for(item.ticket).deadline_exceeded.inc()
-        error = DeadlineExceeded(
-            f"the deadline passed after {now - item.enqueued:.3f}s in the queue; the run did not happen"
-        )
-        item.outbox.put(item.future, False, error)
+    def _drop(self, item: _Item, now: float, expired: bool) -> None:
+        """A queued request that will not run: expired ones are answered DEADLINE_EXCEEDED."""
+        if expired:
+            self._metrics_for(item.ticket).deadline_exceeded.inc()
+            if not item.future.cancelled():
+                error = DeadlineExceeded(
+                    f"the deadline passed after {now - item.enqueued:.3f}s in the queue; the run did not happen"
+                )
+                item.outbox.put(item.future, False, error)
+        self._finished(item)
+
+    @staticmethod
+    def _finished(item: _Item) -> None:
+        if item.ticket.done is not None:
+            try:
+                item.ticket.done()
+            except Exception:  # a failing callback must not take a worker down
+                log.exception("a run's done callback failed")
 
     def _dequeued(self, item: _Item) -> None:
         left = self._queued[item.ticket.model] - 1
@@ -265,21 +308,24 @@ class RunHandler:
                     result, ok = e, False
                 self._metrics_for(item.ticket).run_seconds.observe(time.monotonic() - started)
                 item.outbox.put(item.future, ok, result)
+                self._finished(item)
             else:
                 self._run_batch(batch, started)
 
     def _run_batch(self, batch: list[_Item], started: float) -> None:
         first = batch[0]
         executor, fetches, pin = first.args
-        names = list(first.feeds)
         rows = [item.rows for item in batch]
         total = sum(rows)
         size = total
         allowed = self.batching.allowed_batch_sizes
         if allowed:
             size = allowed[min(bisect.bisect_left(allowed, total), len(allowed) - 1)]
+        if len(batch) == 1 and size == total:  # nothing to merge, pad or split: the caller's own run
+            self._run_alone(first, executor, fetches, pin, started)
+            return
         feeds = {}
-        for name in names:
+        for name in first.feeds:
             parts = [item.feeds[name] for item in batch]
             if size > total:  # pad with copies of the last row, as TensorFlow Serving pads
                 parts.append(np.repeat(parts[-1][-1:], size - total, axis=0))
@@ -287,17 +333,13 @@ class RunHandler:
         try:
             outputs = executor.run(feeds, fetches, (), "", pin)
             if any(o.ndim == 0 or o.shape[0] != size for o in outputs):
+                self._unbatchable.add(first.batch_key)  # later requests of this graph run on their own
                 raise _NotBatchable()
-        except _NotBatchable:
-            for item in batch:  # outputs without the batch dimension: run each on its own
-                self._run_alone(item, executor, fetches, pin)
-            return
-        except BaseException as e:
-            if len(batch) > 1:  # one caller's bad input must not fail the others: run each on its own
-                for item in batch:
-                    self._run_alone(item, executor, fetches, pin)
-                return
-            first.outbox.put(first.future, False, e)
+        except BaseException:
+            # Outputs without the batch dimension, or one caller's bad input that must not fail the others:
+            # run each on its own.
+            for item in batch:
+                self._run_alone(item, executor, fetches, pin, time.monotonic())
             return
         seconds = time.monotonic() - started
         offset = 0
@@ -306,16 +348,19 @@ class RunHandler:
             metrics.run_seconds.observe(seconds)
             metrics.batch_size.observe(len(batch))
             item.outbox.put(item.future, True, [o[offset : offset + n] for o in outputs])
+            self._finished(item)
             offset += n
 
-    def _run_alone(self, item: _Item, executor, fetches, pin) -> None:
-        started = time.monotonic()
+    def _run_alone(self, item: _Item, executor, fetches, pin, started: float) -> None:
         try:
             result, ok = executor.run(item.feeds, fetches, (), "", pin), True
         except BaseException as e:
             result, ok = e, False
-        self._metrics_for(item.ticket).run_seconds.observe(time.monotonic() - started)
+        metrics = self._metrics_for(item.ticket)
+        metrics.run_seconds.observe(time.monotonic() - started)
+        metrics.batch_size.observe(1)
         item.outbox.put(item.future, ok, result)
+        self._finished(item)
 
     def close(self) -> None:
         """Let queued work finish, then stop the workers; later submits raise RuntimeError."""

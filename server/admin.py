@@ -3,7 +3,7 @@ a bearer token when --admin_token_file is given. Never served on the public gRPC
 
 from __future__ import annotations
 
-import asyncio
+import concurrent.futures
 import hmac
 import logging
 
@@ -17,6 +17,8 @@ from server.core import ServingCore
 from server.rpc import rpc
 
 log = logging.getLogger(__name__)
+# Assignments run here, off the event loop; a cancelled caller's assignment completes before its lease ends.
+ASSIGN_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="servex-assign")
 
 STATES = variables_pb2.Variable.State
 
@@ -75,11 +77,12 @@ class VariableService(variables_pb2_grpc.VariableServiceServicer):
 
     @rpc
     async def Prefetch(self, request, context):
-        served = self.core.manager.acquire(
+        lease = self.core.lease(
             request.model.name,
             request.model.version if request.model.HasField("version") else None,
             request.model.version_label,
         )  # the version stays loaded while its variables restore
+        served = lease.served
         try:
             store = served.servable.model.variables
             names = list(request.names) or sorted(store.records)
@@ -91,24 +94,25 @@ class VariableService(variables_pb2_grpc.VariableServiceServicer):
                 )
             pending = store.ensure(names)
             if pending is not None and request.wait:
-                await asyncio.wrap_future(pending)
+                await lease.wait(pending)
             response = variables_pb2.PrefetchResponse(variables=[_variable(store, n) for n in names])
             response.model.CopyFrom(self._ref(served))
             return response
         finally:
-            self.core.manager.release(served)
+            lease.end()
 
     @rpc
     async def AssignVariable(self, request, context):
-        served = self.core.manager.acquire(
+        lease = self.core.lease(
             request.model.name,
             request.model.version if request.model.HasField("version") else None,
             request.model.version_label,
         )
+        served = lease.served
         try:
             store = served.servable.model.variables
             value = tensors.to_ndarray(request.value, request.name, self.max_tensor_bytes)
-            await asyncio.get_running_loop().run_in_executor(None, store.assign, request.name, value)
+            await lease.wait(ASSIGN_POOL.submit(store.assign, request.name, value))
             log.info(
                 "AssignVariable: model %r version %d variable %r replaced (peer %s)",
                 served.name, served.version, request.name, context.peer(),
@@ -117,4 +121,4 @@ class VariableService(variables_pb2_grpc.VariableServiceServicer):
             response.model.CopyFrom(self._ref(served))
             return response
         finally:
-            self.core.manager.release(served)
+            lease.end()

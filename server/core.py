@@ -8,7 +8,9 @@ the RunHandler, which runs it through the version's GraphExecutor. It knows NumP
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextvars
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -22,6 +24,47 @@ from loader.saved_model import Signature, TensorSpec, shape_matches, shape_text
 from server.tensors import dtype_name
 
 DEFAULT_SIGNATURE = "serving_default"
+MAX_GRAPH_LABELS = 64  # distinct graph-name metric labels per model
+
+
+class Lease:
+    """A request's hold on a served version, from acquire until the work that uses the version is over.
+
+    The request's ``finally`` calls ``end()``. Work handed off first (a run queued on the RunHandler through
+    ``hand_off()``'s callback, or a restore awaited with ``wait``) ends the lease itself when it completes, so a
+    caller that is cancelled (its client went away) never lets the version unload under a graph still running.
+    Used on the event loop's thread only; the hand-off callback may run on any thread.
+    """
+
+    __slots__ = ("served", "_manager", "_owned")
+
+    def __init__(self, manager: ModelManager, served: ServedVersion[GraphExecutor]):
+        self.served = served
+        self._manager = manager
+        self._owned = True
+
+    def hand_off(self):
+        """Pass the lease to work that will call the returned function once when it is over."""
+        if not self._owned:
+            raise RuntimeError("the lease was already handed off or ended")
+        self._owned = False
+        return functools.partial(self._manager.release, self.served)
+
+    async def wait(self, pending: concurrent.futures.Future) -> None:
+        """Await work running off the loop (not cancelled with the caller); if the caller is cancelled meanwhile,
+        the lease ends when that work does."""
+        try:
+            await asyncio.shield(asyncio.wrap_future(pending))
+        except asyncio.CancelledError:
+            if self._owned:
+                release = self.hand_off()
+                pending.add_done_callback(lambda _f: release())
+            raise
+
+    def end(self) -> None:
+        if self._owned:
+            self._owned = False
+            self._manager.release(self.served)
 
 
 class RequestInfo:
@@ -35,6 +78,16 @@ class RequestInfo:
         self.deadline = deadline  # time.monotonic() by which the run must start, or None
         self.version = ""
         self.signature = ""
+
+
+MIN_PRIORITY, MAX_PRIORITY = -100, 100  # bounded: priorities are scheduler levels and metric label values
+
+
+def checked_priority(value: int, source: str) -> int:
+    """A request's priority from ``source`` (metadata, a field, a parameter); INVALID_ARGUMENT outside the range."""
+    if not MIN_PRIORITY <= value <= MAX_PRIORITY:
+        raise InvalidArgument(f"{source} must be an integer from {MIN_PRIORITY} to {MAX_PRIORITY}, got {value}")
+    return value
 
 
 # Set per call by the adapters (gRPC metadata x-servex-priority, the Run request's field, the call's deadline);
@@ -57,6 +110,7 @@ class ServingCore:
         self.manager = manager
         self.run_handler = run_handler
         self.pin_signature_graphs = pin_signature_graphs
+        self._graph_labels: dict[str, set[str]] = {}
 
     # -- resolution ------------------------------------------------------------------------------------
 
@@ -75,33 +129,36 @@ class ServingCore:
     def release(self, served: ServedVersion[GraphExecutor]) -> None:
         self.manager.release(served)
 
+    def lease(self, name: str, version: int | None = None, label: str = "") -> Lease:
+        """Lease the version a request names until the work that uses it ends; pair with ``Lease.end``."""
+        return Lease(self.manager, self.acquire(name, version, label))
+
     @staticmethod
-    def ticket(served: ServedVersion[GraphExecutor], what: str) -> Ticket:
+    def ticket(lease: Lease, what: str) -> Ticket:
+        """The RunHandler ticket of a run under ``lease``; the lease passes to the run handler, which ends it when
+        the run is over (or dropped)."""
         info = REQUEST.get(None) or RequestInfo()
+        served = lease.served
         info.version, info.signature = str(served.version), what
-        return Ticket(info.priority, info.deadline, served.name, (served.name, info.version, what))
+        return Ticket(info.priority, info.deadline, served.name, (served.name, info.version, what), lease.hand_off())
 
     async def run_signature_tensors(
-        self,
-        served: ServedVersion[GraphExecutor],
-        feeds: Mapping[str, np.ndarray],
-        fetches: Sequence[str],
-        signature_name: str = "",
+        self, lease: Lease, feeds: Mapping[str, np.ndarray], fetches: Sequence[str], signature_name: str = ""
     ) -> list[np.ndarray]:
         """One run of a leased version by tensor names, as signature runs go: batchable with compatible
         requests, its client graph pinned when configured."""
-        await self._prepared(served, feeds, fetches, (), "", self.pin_signature_graphs)
+        await self._prepared(lease, feeds, fetches, (), "", self.pin_signature_graphs)
         return await self.run_handler.submit_batchable(
-            served.servable, dict(feeds), fetches, self.pin_signature_graphs, self.ticket(served, signature_name)
+            lease.served.servable, dict(feeds), fetches, self.pin_signature_graphs, self.ticket(lease, signature_name)
         )
 
     @staticmethod
-    async def _prepared(served, feeds, fetches, targets, graph_name: str, pin: bool) -> None:
+    async def _prepared(lease: Lease, feeds, fetches, targets, graph_name: str, pin: bool) -> None:
         """Build the client graph and restore its variables off the run workers (lazy restoration), so that a
         first run that must read a large table never holds a worker that ready graphs could use."""
-        pending = served.servable.prepare(tuple(feeds), fetches, targets, graph_name, pin)
+        pending = lease.served.servable.prepare(tuple(feeds), fetches, targets, graph_name, pin)
         if pending is not None:
-            await asyncio.wrap_future(pending)
+            await lease.wait(pending)
 
     def is_served(self, name: str) -> bool:
         return self.manager.is_served(name)
@@ -128,14 +185,15 @@ class ServingCore:
         inputs: Mapping[str, np.ndarray],
         output_filter: Sequence[str] = (),
     ) -> PredictResult:
-        served = self.acquire(name, version, label)  # the version cannot unload under this run
+        lease = self.lease(name, version, label)  # the version cannot unload under this run
+        served = lease.served
         try:
             sig = self.signature(served, signature_name)
             feeds = self._feeds(served, sig, inputs)
             aliases, fetches = self._fetches(served, sig, output_filter)
-            values = await self.run_signature_tensors(served, feeds, fetches, sig.name)
+            values = await self.run_signature_tensors(lease, feeds, fetches, sig.name)
         finally:
-            self.release(served)
+            lease.end()
         return PredictResult(served.name, served.version, sig.name, dict(zip(aliases, values, strict=True)))
 
     # -- runs by tensor name (SessionRun, servex.v1 GraphExecutor.Run) ---------------------------------
@@ -156,20 +214,34 @@ class ServingCore:
         signature's aliases, resolved to tensor names as TensorFlow Serving's SessionRun does."""
         if not name:
             raise InvalidArgument("model_spec.name is empty: name the model to call")
-        served = self.manager.acquire(name, version, label)
+        lease = self.lease(name, version, label)
+        served = lease.served
         try:
             if aliases_of is not None:
                 sig = self.signature(served, aliases_of)
                 feeds = {self._alias(served, sig, a, sig.inputs, "input"): v for a, v in feeds.items()}
                 fetches = [self._alias(served, sig, a, sig.outputs, "output") for a in fetches]
             executor = served.servable
-            await self._prepared(served, feeds, fetches, targets, graph_name, False)
-            ticket = self.ticket(served, graph_name or "_graph")
+            await self._prepared(lease, feeds, fetches, targets, graph_name, False)
+            ticket = self.ticket(lease, self._graph_label(served.name, graph_name))
             values = await self.run_handler.submit(executor.run, feeds, fetches, targets, graph_name, ticket=ticket)
             key = client_graph_key(feeds, fetches, targets)
         finally:
-            self.manager.release(served)
+            lease.end()
         return GraphRunResult(served.name, served.version, values, key)
+
+    def _graph_label(self, model: str, graph_name: str) -> str:
+        """The metrics label of a run by tensor names: its graph name, for the first ``MAX_GRAPH_LABELS`` names
+        of a model; callers choose graph names, so beyond that they share ``_other`` (bounded series)."""
+        if not graph_name:
+            return "_graph"
+        seen = self._graph_labels.setdefault(model, set())
+        if graph_name in seen:
+            return graph_name
+        if len(seen) < MAX_GRAPH_LABELS:
+            seen.add(graph_name)
+            return graph_name
+        return "_other"
 
     def _alias(self, served, sig: Signature, alias: str, specs: Mapping[str, TensorSpec], kind: str) -> str:
         spec = specs.get(alias)

@@ -237,21 +237,21 @@ def _fill(result, plan: Plan, values_by_tensor: Mapping[str, np.ndarray], num_ex
 # -- runs ---------------------------------------------------------------------------------------------------
 
 
-def _acquire(core: ServingCore, spec, field: str = "model_spec"):
+def _lease(core: ServingCore, spec, field: str = "model_spec"):
     if not spec.name:
         raise InvalidArgument(f"{field}.name is empty: name the model to call")
-    return core.acquire(spec.name, spec_version(spec), spec.version_label)
+    return core.lease(spec.name, spec_version(spec), spec.version_label)
 
 
-async def _run(core: ServingCore, served, where: str, plans: Sequence[Plan], examples: np.ndarray) -> dict:
-    """One run of ``served`` (leased by the caller): the examples feed every plan's input tensor, and every plan's
+async def _run(core: ServingCore, lease, where: str, plans: Sequence[Plan], examples: np.ndarray) -> dict:
+    """One run of the leased version: the examples feed every plan's input tensor, and every plan's
     output tensors are fetched once. Returns tensor name -> value. Errors keep their code and say which model and
     signature(s) they came from."""
     inputs = sorted({plan.input_name for plan in plans})
     fetches = sorted({tensor for plan in plans for tensor in plan.outputs.values()})
     try:
         signatures = ",".join(sorted({plan.signature.name for plan in plans}))
-        values = await core.run_signature_tensors(served, dict.fromkeys(inputs, examples), fetches, signatures)
+        values = await core.run_signature_tensors(lease, dict.fromkeys(inputs, examples), fetches, signatures)
     except ServingError as e:
         hint = _input_hint(plans) if "dtype" in e.message else ""
         error = ServingError(f"{where}: {e.message}{hint}")
@@ -273,15 +273,16 @@ def _input_hint(plans: Sequence[Plan]) -> str:
 
 async def _single(core: ServingCore, request, method: str, api: str, check_method_name: bool):
     spec = request.model_spec
-    served = _acquire(core, spec)
+    lease = _lease(core, spec)
+    served = lease.served
     try:
         sig = _lookup_signature(served, spec.signature_name, f"{api}Request")
         where = where_of(served.name, served.version, sig.name)
         plan = plan_task(sig, method, where, check_method_name)
         examples = serialized_examples(request.input, f"{api}Request.input")
-        values = await _run(core, served, where, [plan], examples)
+        values = await _run(core, lease, where, [plan], examples)
     finally:
-        core.release(served)
+        lease.end()
     return served, plan, values, len(examples), where
 
 
@@ -321,7 +322,8 @@ async def multi_inference(
     if not tasks:
         raise InvalidArgument("MultiInferenceRequest.tasks is empty: add a classify or regress task")
     first = tasks[0].model_spec
-    served = _acquire(core, first, "tasks[0].model_spec")
+    lease = _lease(core, first, "tasks[0].model_spec")
+    served = lease.served
     try:
         plans: list[Plan] = []
         seen: dict[str, int] = {}  # signature name -> the task that names it
@@ -352,9 +354,9 @@ async def multi_inference(
             )
         examples = serialized_examples(request.input, "MultiInferenceRequest.input")
         run_where = f"model {served.name!r} version {served.version} signatures {[p.signature.name for p in plans]}"
-        by_tensor = await _run(core, served, run_where, plans, examples)
+        by_tensor = await _run(core, lease, run_where, plans, examples)
     finally:
-        core.release(served)
+        lease.end()
     response = inference_pb2.MultiInferenceResponse()
     for plan in plans:
         result = response.results.add()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from protos.servex.v1 import graph_executor_pb2, graph_executor_pb2_grpc
 from server import tensors
-from server.core import REQUEST, ServingCore
+from server.core import REQUEST, ServingCore, checked_priority
 from server.rpc import rpc
 
 
@@ -18,7 +18,7 @@ class GraphExecutorService(graph_executor_pb2_grpc.GraphExecutorServicer):
     async def Run(self, request: graph_executor_pb2.RunRequest, context) -> graph_executor_pb2.RunResponse:
         model = request.model
         if request.priority:
-            REQUEST.get().priority = request.priority
+            REQUEST.get().priority = checked_priority(request.priority, "RunRequest.priority")
         feeds = {name: tensors.to_ndarray(proto, name, self.max_tensor_bytes) for name, proto in request.feeds.items()}
         result = await self.core.run_graph(
             model.name,

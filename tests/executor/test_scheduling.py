@@ -215,3 +215,142 @@ def test_outputs_without_a_batch_dimension_run_each_request_alone():
     finally:
         handler.close()
     assert [float(r[0]) for r in results] == [0.0, 2.0, 4.0]
+    assert executor.runs == [3, 1, 1, 1]  # the batch of 3, then each request on its own
+
+
+def test_a_graph_without_a_batch_dimension_is_remembered_and_runs_each_request_once():
+    handler = RunHandler(1, batching=BatchingOptions(max_batch_size=8))
+    executor = Doubler(scalar_output=True)
+    try:
+        _batched(handler, executor, [np.ones((1, 2), np.float32)] * 2)  # learns: no batch dimension
+        executor.runs.clear()
+        results = _batched(handler, executor, [np.full((1, 2), i, np.float32) for i in range(3)])
+    finally:
+        handler.close()
+    assert [float(r[0]) for r in results] == [0.0, 2.0, 4.0]
+    assert executor.runs == [1, 1, 1]
+
+
+def test_a_lone_request_runs_once_even_when_its_output_has_no_batch_dimension():
+    handler = RunHandler(1, batching=BatchingOptions(max_batch_size=8))
+    executor = Doubler(scalar_output=True)
+
+    async def main():
+        return await handler.submit_batchable(executor, {"x": np.ones((2, 2), np.float32)}, ["y"], False, Ticket())
+
+    try:
+        assert float(run(main())[0]) == 4.0
+    finally:
+        handler.close()
+    assert executor.runs == [2]
+
+
+class Done:
+    """Counts a ticket's done callbacks."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self):
+        self.calls += 1
+
+
+def test_done_is_called_once_whatever_becomes_of_the_request():
+    handler = RunHandler(1, max_queued_per_model=3)
+    dones = {name: Done() for name in ("ran", "failed", "cancelled", "expired", "refused")}
+
+    def fail():
+        raise ValueError("bad input")
+
+    async def main():
+        busy = Busy(handler)
+        await busy.wait_started()
+        ran = handler.submit(lambda: 1, ticket=Ticket(model="m", done=dones["ran"]))
+        failed = handler.submit(fail, ticket=Ticket(model="m", done=dones["failed"]))
+        cancelled = handler.submit(lambda: 1, ticket=Ticket(model="m", done=dones["cancelled"]))
+        cancelled.cancel()
+        # At the bound (3), the cancelled request is purged to make room for "expired"; "refused" finds it full.
+        with pytest.raises(ResourceExhausted):
+            handler.submit(lambda: 1, ticket=Ticket(model="m", deadline=time.monotonic() + 0.05,
+                                                    done=dones["expired"]))  # fmt: skip
+            handler.submit(lambda: 1, ticket=Ticket(model="m", done=dones["refused"]))
+        await asyncio.sleep(0.1)
+        busy.release.set()
+        await busy.future
+        assert await ran == 1
+        with pytest.raises(ValueError):
+            await failed
+
+    try:
+        run(main())
+    finally:
+        handler.close()
+    assert {name: d.calls for name, d in dones.items()} == {
+        "ran": 1, "failed": 1, "cancelled": 1, "expired": 1, "refused": 1
+    }  # fmt: skip
+
+
+def test_done_of_a_cancelled_caller_waits_for_its_running_run():
+    handler = RunHandler(1)
+    done = Done()
+
+    async def main():
+        busy_started, finish = threading.Event(), threading.Event()
+
+        def slow():
+            busy_started.set()
+            assert finish.wait(10)
+
+        future = handler.submit(slow, ticket=Ticket(done=done))
+        await asyncio.get_running_loop().run_in_executor(None, busy_started.wait, 10)
+        future.cancel()  # the caller went away while its run runs
+        await asyncio.sleep(0.05)
+        calls_while_running = done.calls
+        finish.set()
+        for _ in range(100):
+            if done.calls:
+                break
+            await asyncio.sleep(0.01)
+        return calls_while_running
+
+    try:
+        assert run(main()) == 0
+    finally:
+        handler.close()
+    assert done.calls == 1
+
+
+def test_cancelled_and_expired_requests_do_not_count_against_the_queue_bound():
+    handler = RunHandler(1, max_queued_per_model=2)
+
+    async def main():
+        busy = Busy(handler)
+        await busy.wait_started()
+        gone = handler.submit(lambda: "gone", ticket=Ticket(model="m"))
+        late = handler.submit(lambda: "late", ticket=Ticket(model="m", deadline=time.monotonic() + 0.01))
+        gone.cancel()
+        await asyncio.sleep(0.05)
+        kept = [handler.submit(lambda: "kept", ticket=Ticket(model="m")) for _ in range(2)]
+        busy.release.set()
+        await busy.future
+        with pytest.raises(DeadlineExceeded):
+            await late
+        return await asyncio.gather(*kept)
+
+    try:
+        assert run(main()) == ["kept", "kept"]
+    finally:
+        handler.close()
+
+
+def test_priority_levels_are_forgotten_once_empty():
+    handler = RunHandler(1)
+
+    async def main():
+        await asyncio.gather(*(handler.submit(lambda: 1, ticket=Ticket(priority=p)) for p in range(50)))
+
+    try:
+        run(main())
+        assert handler._levels == {}
+    finally:
+        handler.close()
