@@ -84,6 +84,10 @@ def from_raw(raw: bytes | memoryview, datatype_: str, shape, tensor: str) -> np.
 def decode_bytes(raw: bytes | memoryview, count: int, tensor: str) -> np.ndarray:
     """``count`` length-prefixed BYTES elements from ``raw`` as an object array of bytes."""
     view = memoryview(raw)
+    if count > len(view) // 4:  # every element takes at least its 4-byte length: refuse before allocating
+        raise InvalidArgument(
+            f"input {tensor!r}: {len(view)} bytes cannot hold {count} BYTES elements (4-byte length each at least)"
+        )
     out = np.empty(count, dtype=object)
     offset = 0
     for i in range(count):

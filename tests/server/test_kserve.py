@@ -296,3 +296,10 @@ def test_an_output_v2_cannot_carry_is_named():
     response = service_pb2.ModelInferResponse()
     with pytest.raises(FailedPrecondition, match="output 'z' has dtype complex64"):
         v2_types.fill_infer_outputs(response, {"z": np.zeros(2, np.complex64)}, raw=True)
+
+
+def test_decode_bytes_refuses_a_count_the_data_cannot_hold_before_allocating():
+    from server.v2_types import decode_bytes
+
+    with pytest.raises(InvalidArgument, match="7 bytes cannot hold 10000000000 BYTES elements"):
+        decode_bytes(b"\x03\x00\x00\x00abc", 10**10, "s")
