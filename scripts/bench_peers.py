@@ -1,0 +1,160 @@
+"""servex against its peers, side by side in one run: KServe v2 gRPC ModelInfer, batch-1 requests on the MLP.
+
+    python scripts/bench_peers.py [--seconds 8] [--concurrency 1,8,32] [--peers_dir /tmp/servex-peers]
+                                  [--only servex,servex_batching,kserve,mlserver,echo]
+
+Uses the shared kit in ../shared/bench only (never copied): make_models.py exports the MLP, peers/setup.sh must
+have built the peer venvs (KServe's Python ModelServer, MLServer with adaptive batching 32 / 2 ms), echo_floor.py
+is the do-nothing Python gRPC floor. Every server gets the same SavedModel and the same closed-loop loopback load:
+h2load (h2grpc.py) at each concurrency for throughput and mean latency, then the kit's Python driver (loadgen.py)
+at the highest concurrency for p99 and to count errors (h2load counts HTTP-level success only). Servers run one
+at a time. Prints one JSON line per measurement, then a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+KIT = REPO.parent / "shared" / "bench"
+sys.path.insert(0, str(KIT))
+
+import grpc  # noqa: E402
+from h2grpc import run as h2load_run  # noqa: E402  (the kit's drivers)
+from loadgen import build  # noqa: E402
+from tritonclient.grpc import service_pb2, service_pb2_grpc  # noqa: E402
+
+METHOD = "/inference.GRPCInferenceService/ModelInfer"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def servers(work: Path, peers: Path) -> dict[str, callable]:
+    """name -> (grpc_port -> command line)."""
+    model = work / "mlp"
+    servex = [sys.executable, "-m", "server", "--model_name=mlp", f"--model_base_path={model}",
+              "--rest_api_port=0", "--metrics_port=0", "--bind_address=127.0.0.1"]  # fmt: skip
+    return {
+        "servex": lambda port: [*servex, f"--port={port}"],
+        "servex_batching": lambda port: [*servex, f"--port={port}", "--enable_batching"],
+        "kserve": lambda port: [
+            str(peers / "kserve" / "bin" / "python"),
+            str(KIT / "peers" / "kserve_tf.py"),
+            "mlp",
+            str(model / "1"),
+            str(port),
+            str(free_port()),
+        ],  # fmt: skip
+        "mlserver": lambda port: [
+            "bash",
+            str(KIT / "peers" / "run_mlserver.sh"),
+            "mlp",
+            str(model / "1"),
+            str(port),
+            str(free_port()),
+            "32",
+            "0.002",
+        ],  # fmt: skip
+        "echo": lambda port: [sys.executable, str(KIT / "echo_floor.py"), str(port), "aio"],
+    }
+
+
+def wait_ready(port: int, proc: subprocess.Popen, timeout: float = 180) -> None:
+    """Until a real ModelInfer answers (the echo floor answers anything)."""
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+    request = service_pb2.ModelInferRequest.FromString(build("mlp", "features", [1, 64], "FP32"))
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited with {proc.returncode}")
+            try:
+                stub.ModelInfer(request, timeout=5)
+                return
+            except grpc.RpcError:
+                time.sleep(0.5)
+        raise RuntimeError(f"no answer on port {port} within {timeout}s")
+    finally:
+        channel.close()
+
+
+def loadgen(port: int, concurrency: int, seconds: float) -> dict:
+    out = subprocess.run(
+        [sys.executable, str(KIT / "loadgen.py"), "--port", str(port), "--model", "mlp", "--input", "features",
+         "--shape", "1,64", "--concurrency", str(concurrency), "--seconds", str(seconds)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=int, default=8)
+    ap.add_argument("--concurrency", default="1,8,32")
+    ap.add_argument("--peers_dir", default=os.environ.get("PEERS_DIR", "/tmp/servex-peers"))
+    ap.add_argument("--only", default="servex,servex_batching,kserve,mlserver,echo")
+    ap.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "servex-bench"))
+    a = ap.parse_args()
+    if shutil.which("h2load") is None:
+        sys.exit("h2load is missing: apt-get install nghttp2-client")
+    work = Path(a.workdir)
+    subprocess.run([sys.executable, str(KIT / "make_models.py"), str(work), "mlp"], check=True, capture_output=True)
+    payload = build("mlp", "features", [1, 64], "FP32")
+    frame = work / "infer.grpc"
+    frame.write_bytes(b"\0" + struct.pack(">I", len(payload)) + payload)
+    levels = [int(c) for c in a.concurrency.split(",")]
+    commands = servers(work, Path(a.peers_dir))
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PEERS_DIR=a.peers_dir)
+    rows = {}
+    for name in a.only.split(","):
+        port = free_port()
+        log = open(work / f"{name}.log", "wb")
+        proc = subprocess.Popen(commands[name](port), cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)  # fmt: skip
+        try:
+            wait_ready(port, proc)
+            row = {}
+            for c in levels:
+                r = h2load_run(port, str(frame), c, a.seconds, METHOD)
+                r["server"] = name
+                print(json.dumps(r), flush=True)
+                row[c] = r
+            check = loadgen(port, levels[-1], a.seconds)
+            check["server"] = name
+            print(json.dumps(check), flush=True)
+            rows[name] = (row, check)
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+            log.close()
+    top = levels[-1]
+    print()
+    print("| server | " + " | ".join(f"c={c} req/s | c={c} mean ms" for c in levels)
+          + f" | c={top} p99 ms (Python client) | errors |")  # fmt: skip
+    print("| --- " * (2 * len(levels) + 3) + "|")
+    for name, (row, check) in rows.items():
+        cells = " | ".join(f"{row[c]['rps']:,.0f} | {row[c]['mean_ms']}" for c in levels)
+        print(f"| {name} | {cells} | {check['p99_ms']} | {check['errors'] + (row[top]['failed'] or 0)} |")
+
+
+if __name__ == "__main__":
+    main()
