@@ -26,11 +26,14 @@ def free_port() -> int:
 
 
 class Daemon:
-    """A running `servex` process; ``args`` are its flags beyond the ports and bind address."""
+    """A running `servex` process; ``args`` are its flags beyond the ports and bind address. With ``rest``, its
+    REST API listens on a free port (``rest_port``, ``rest_url``); else REST is off."""
 
-    def __init__(self, args: list[str], log_dir: Path):
+    def __init__(self, args: list[str], log_dir: Path, rest: bool = False):
         self.port = free_port()
         self.metrics_port = free_port()
+        self.rest_port = free_port() if rest else 0
+        self.rest_url = f"http://127.0.0.1:{self.rest_port}"
         self.address = f"127.0.0.1:{self.port}"
         self.log_path = log_dir / f"servex-{self.port}.log"
         self._log = open(self.log_path, "wb")
@@ -40,7 +43,7 @@ class Daemon:
             "server",
             f"--port={self.port}",
             f"--metrics_port={self.metrics_port}",
-            "--rest_api_port=0",
+            f"--rest_api_port={self.rest_port}",
             "--bind_address=127.0.0.1",
             *args,
         ]

@@ -1,0 +1,286 @@
+"""JSON <-> NumPy for the REST adapters (TensorFlow Serving's REST API and KServe v2 REST), through orjson.
+
+Parsing: orjson, with a fallback to the standard library only when orjson refuses the document, so that the
+``NaN``, ``Infinity`` and ``-Infinity`` literals TensorFlow Serving reads and writes are accepted too.
+
+Values to arrays: a JSON list (nested to any depth) becomes an array of the dtype the signature or the v2
+datatype asks for, in one vectorized ``np.asarray``. The checks are TensorFlow Serving's: numbers for float
+tensors (integers too, when the float holds them exactly), integers for integer tensors (in range), booleans for
+bool tensors; ragged lists are refused. The slow walk that finds *which* value or list is wrong runs only when a
+check fails, so that the message can name its position (``instances[1][0]``).
+
+Arrays to JSON: orjson serializes NumPy arrays itself (``OPT_SERIALIZE_NUMPY``: float32 is written with the
+shortest decimal that reads back as the same float32, as TensorFlow Serving writes it). Outputs holding NaN or
+infinities go through the standard library, which writes ``NaN``/``Infinity`` like TensorFlow Serving.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import orjson
+
+from loader.errors import InvalidArgument
+
+OPTIONS = orjson.OPT_SERIALIZE_NUMPY
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def parse(data: bytes | memoryview, what: str = "request body") -> Any:
+    """The JSON document in ``data``; INVALID_ARGUMENT with the parser's reason and position when it is not JSON."""
+    if not len(data):
+        raise InvalidArgument(f"JSON parse error: the {what} is empty; send a JSON object")
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as e:
+        error = e
+    try:  # NaN / Infinity literals (TensorFlow Serving accepts them): the standard library reads them
+        return json.loads(bytes(data))
+    except (ValueError, UnicodeDecodeError):
+        pass
+    raise InvalidArgument(f"JSON parse error in the {what}: {error}") from None
+
+
+def type_name(value: Any) -> str:
+    """JSON's name for a parsed value's type."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__
+
+
+def show(value: Any, limit: int = 80) -> str:
+    """A parsed value as JSON text for an error message, cut at ``limit`` characters."""
+    try:
+        text = orjson.dumps(value).decode()
+    except TypeError:
+        text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# -- values -> arrays -------------------------------------------------------------------------------------
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _is_integer(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_bool(v: Any) -> bool:
+    return isinstance(v, bool)
+
+
+def dtype_kind(dtype: np.dtype) -> str:
+    """``float``, ``int``, ``bool``, ``string`` or ``complex``: which JSON values a dtype takes."""
+    if dtype == BFLOAT16 or dtype.kind == "f":
+        return "float"
+    if dtype.kind in "iu":
+        return "int"
+    if dtype.kind == "b":
+        return "bool"
+    if dtype.kind in "OSU":
+        return "string"
+    return "complex"
+
+
+_EXPECTED = {
+    "float": ("a number", _is_number),
+    "int": ("an integer", _is_integer),
+    "bool": ("true or false", _is_bool),
+}
+
+
+def first_mismatch(value: Any, accept: Callable[[Any], bool], where: str) -> tuple[str, Any] | None:
+    """The position and value of the first leaf of nested lists that ``accept`` refuses, or None."""
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            found = first_mismatch(item, accept, f"{where}[{i}]")
+            if found is not None:
+                return found
+        return None
+    return None if accept(value) else (where, value)
+
+
+def shape_of(value: Any) -> list[int]:
+    """The dense shape of nested lists, following the first element at every level (TensorFlow Serving's rule)."""
+    shape = []
+    while isinstance(value, list):
+        shape.append(len(value))
+        if not value:
+            break
+        value = value[0]
+    return shape
+
+
+def ragged_at(value: Any, where: str) -> str | None:
+    """Where nested lists stop being rectangular, in words, or None when they are rectangular."""
+    expected = shape_of(value)
+
+    def walk(v: Any, level: int, at: str) -> str | None:
+        if level == len(expected):
+            if isinstance(v, list):
+                return f"{at} is a list of {len(v)} where the first element at that depth is a scalar"
+            return None
+        if not isinstance(v, list):
+            return (
+                f"{at} is a scalar ({show(v, 40)}) where the first element at that depth is a list of {expected[level]}"
+            )
+        if len(v) != expected[level]:
+            return f"{at} has {len(v)} elements where the first list at that depth has {expected[level]}"
+        for i, item in enumerate(v):
+            found = walk(item, level + 1, f"{at}[{i}]")
+            if found:
+                return found
+        return None
+
+    return walk(value, 0, where)
+
+
+def to_array(value: Any, dtype: np.dtype, where: str, expects: str) -> np.ndarray:
+    """``value`` (a JSON scalar or nested lists of numbers/booleans) as an array of ``dtype``.
+
+    ``where`` names the value's position in the request (``instances``, ``inputs['x']``) and ``expects`` what the
+    tensor is (``input 'x' (DT_FLOAT [-1,3])``); both go into the INVALID_ARGUMENT messages."""
+    kind = dtype_kind(dtype)
+    if kind not in _EXPECTED:
+        raise InvalidArgument(f"{expects}: {np.dtype(dtype).name} values cannot be given in JSON")
+    wanted, accept = _EXPECTED[kind]
+    try:
+        array = np.asarray(value)
+    except (ValueError, OverflowError):
+        array = None
+    if array is None or array.dtype.kind == "O":
+        bad = first_mismatch(value, accept, where)
+        if bad is not None:
+            raise InvalidArgument(
+                f"{expects}: {bad[0]} is {show(bad[1])} ({type_name(bad[1])}), expected {wanted}"
+            ) from None
+        ragged = ragged_at(value, where)
+        if ragged:
+            raise InvalidArgument(f"{expects}: the lists are ragged: {ragged}; a tensor's lists must be rectangular")
+        if array is None or array.size:  # integers beyond 64 bits
+            raise InvalidArgument(f"{expects}: {where} holds an integer too large for {np.dtype(dtype).name}")
+    if array.size == 0:
+        return np.zeros(array.shape, dtype=dtype)
+    if not _kind_fits(array.dtype.kind, kind):
+        bad = first_mismatch(value, accept, where)
+        if bad is None:  # integers of mixed sign beyond int64: NumPy made them floats
+            raise InvalidArgument(f"{expects}: {where} holds integers out of range for {np.dtype(dtype).name}")
+        raise InvalidArgument(f"{expects}: {bad[0]} is {show(bad[1])} ({type_name(bad[1])}), expected {wanted}")
+    if kind == "int":
+        return _to_int(array, dtype, value, where, expects)
+    if kind == "float":
+        return _to_float(array, dtype, value, where, expects)
+    return array
+
+
+def _kind_fits(got: str, kind: str) -> bool:
+    if kind == "float":
+        return got in "iuf"
+    if kind == "int":
+        return got in "iu"
+    return got == "b"
+
+
+def _to_int(array: np.ndarray, dtype: np.dtype, value, where: str, expects: str) -> np.ndarray:
+    info = np.iinfo(dtype)
+    low, high = array.min(), array.max()
+    if low < info.min or high > info.max:
+        out = low if low < info.min else high
+        bad = first_mismatch(value, lambda v: v != out, where)
+        at = bad[0] if bad else where
+        raise InvalidArgument(
+            f"{expects}: {at} is {int(out)}, out of range for {np.dtype(dtype).name} ({info.min}..{info.max})"
+        )
+    return array.astype(dtype, copy=False)
+
+
+def _to_float(array: np.ndarray, dtype: np.dtype, value, where: str, expects: str) -> np.ndarray:
+    if array.dtype.kind in "iu" and dtype.itemsize >= 4:  # integers beyond the mantissa would change
+        exact = 2 ** np.finfo(dtype).nmant * 2 - 1
+        big = np.abs(array.astype(np.float64)).max()
+        if big > exact:
+            bad = first_mismatch(value, lambda v: abs(v) <= exact, where)
+            at, shown = bad if bad else (where, big)
+            raise InvalidArgument(
+                f"{expects}: cannot convert {at} = {shown} to {np.dtype(dtype).name} without loss of precision"
+            )
+    with np.errstate(over="ignore"):
+        converted = array.astype(dtype)
+    if dtype.kind == "f" and array.dtype.kind == "f" and dtype.itemsize < array.dtype.itemsize:
+        overflow = np.isinf(converted) & np.isfinite(array)
+        if overflow.any():
+            top = float(np.finfo(dtype).max)
+            at = first_mismatch(value, lambda v: not (math.isfinite(v) and abs(v) > top), where)
+            raise InvalidArgument(
+                f"{expects}: cannot convert {at[0] if at else where} = {array[overflow].flat[0]} to "
+                f"{np.dtype(dtype).name} without loss of precision (out of its range)"
+            )
+    return converted
+
+
+# -- arrays -> JSON ---------------------------------------------------------------------------------------
+
+
+def jsonable(array: np.ndarray) -> Any:
+    """An output array in the form orjson serializes natively: C-contiguous, bfloat16 widened to float32, 0-d
+    arrays as NumPy scalars. Object (string) arrays are the caller's business."""
+    if array.dtype == BFLOAT16:
+        array = array.astype(np.float32)
+    elif array.dtype.kind == "c":
+        raise InvalidArgument(f"output dtype {array.dtype.name} cannot be written as JSON")
+    if array.ndim == 0:
+        return array[()]
+    return np.ascontiguousarray(array)
+
+
+def finite(array: np.ndarray) -> bool:
+    """Whether orjson can write ``array`` as TensorFlow Serving would (it writes NaN and infinities as null)."""
+    if array.dtype.kind == "f" or array.dtype == BFLOAT16:
+        return bool(np.isfinite(array).all())
+    return True
+
+
+def plain(value: Any) -> Any:
+    """``value`` (arrays, NumPy scalars, lists and dicts of them) as plain Python values for the standard library,
+    floats written with their own dtype's shortest decimal (float32 0.2 stays 0.2)."""
+    if isinstance(value, np.ndarray | np.generic):
+        array = np.asarray(value)
+        if array.dtype.kind == "f" or array.dtype == BFLOAT16:
+            return (
+                array.astype(np.float32 if array.dtype.itemsize <= 4 else np.float64)
+                .astype(str)
+                .astype(np.float64)
+                .tolist()
+            )
+        return array.tolist()
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    return value
+
+
+def dumps(value: Any, all_finite: bool = True) -> bytes:
+    """``value`` as JSON bytes; with ``all_finite`` false, NaN and infinities are written as TensorFlow Serving
+    writes them (``NaN``, ``Infinity``, ``-Infinity``)."""
+    if all_finite:
+        return orjson.dumps(value, option=OPTIONS)
+    return json.dumps(plain(value), separators=(",", ":")).encode()

@@ -1,0 +1,362 @@
+"""KServe v2 (Open Inference Protocol) REST over the ServingCore, as tritonclient.http speaks it.
+
+- ``GET /v2``: server metadata; ``GET /v2/health/live`` (200 while the process runs), ``GET /v2/health/ready``
+  (200 while a model is available and the server is not draining, else 400).
+- ``GET /v2/models/{name}[/versions/{v}]``: model metadata (the ``serving_default`` signature's inputs and
+  outputs, v2 datatypes, -1 for unknown dimensions); ``.../ready``: 200 when that version serves, else 4xx.
+- ``POST .../infer``: JSON tensors ``{"name", "shape", "datatype", "data"}`` (data flat or nested) and the binary
+  tensor extension: with header ``Inference-Header-Content-Length: N`` the first N bytes are the JSON and the
+  rest the inputs' raw bytes, each input taking ``parameters.binary_data_size`` of them in order (fixed-size
+  inputs become arrays over the body, no copy). Outputs come as JSON, or raw after the JSON when asked with
+  ``outputs[].parameters.binary_data`` or the request parameter ``binary_data_output`` (tritonclient sets it when
+  it names no outputs); the answer then carries ``Inference-Header-Content-Length``.
+- Request parameters: ``priority`` (integer, larger runs first: servex's priority, as gRPC metadata
+  ``x-servex-priority``), ``timeout`` (microseconds: the run must start within it, else 504),
+  ``signature_name`` (servex's extension: the signature to run, default ``serving_default``).
+
+Errors are ``{"error": "..."}`` with the status of server/rest.py's mapping.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from importlib import metadata
+from typing import Any
+
+import numpy as np
+from aiohttp import web
+
+from loader.errors import FailedPrecondition, InvalidArgument, NotFound, ServingError, Unimplemented
+from server import rest_codec as codec
+from server import v2_types
+from server.core import RequestInfo
+from server.rest import Call, HttpError, Rest, json_response, offload
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+PLATFORM = "tensorflow_savedmodel"
+EXTENSIONS = ["binary_tensor_data", "parameters"]
+_INT64_MAX = 2**63 - 1
+
+
+def add_routes(app: web.Application, rest: Rest) -> None:
+    def route(method: str, path: str, name: str, handler) -> None:
+        app.router.add_route(method, path, rest.endpoint(name, lambda r, c, i: handler(rest, r, c, i)))
+
+    route("GET", "/v2", "rest:v2_server_metadata", server_metadata)
+    route("GET", "/v2/health/live", "rest:v2_server_live", live)
+    route("GET", "/v2/health/ready", "rest:v2_server_ready", ready)
+    for base in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
+        route("GET", base, "rest:v2_model_metadata", model_metadata)
+        route("GET", base + "/ready", "rest:v2_model_ready", model_ready)
+        route("POST", base + "/infer", "rest:v2_infer", infer)
+
+
+def _version(request: web.Request) -> int | None:
+    text = request.match_info.get("version")
+    if text is None:
+        return None
+    if not text.isdigit() or not text.isascii() or int(text) > _INT64_MAX:
+        raise InvalidArgument(f"model version {text!r} is not a version number: use e.g. /versions/1")
+    return int(text)
+
+
+# -- health and metadata ----------------------------------------------------------------------------------
+
+
+def _server_version() -> str:
+    try:
+        return metadata.version("servex")
+    except metadata.PackageNotFoundError:
+        return "0.0.0"
+
+
+_SERVER = codec.dumps({"name": "servex", "version": _server_version(), "extensions": EXTENSIONS})
+
+
+async def server_metadata(rest: Rest, request: web.Request, call: Call, info: RequestInfo) -> web.Response:
+    return json_response(_SERVER)
+
+
+async def live(rest: Rest, request: web.Request, call: Call, info: RequestInfo) -> web.Response:
+    return web.Response(status=200)
+
+
+async def ready(rest: Rest, request: web.Request, call: Call, info: RequestInfo) -> web.Response:
+    if rest.draining:
+        raise HttpError("servex is shutting down", "UNAVAILABLE", 400)
+    if not rest.core.manager.available_models():
+        raise HttpError("no model is available yet", "UNAVAILABLE", 400)
+    return web.Response(status=200)
+
+
+async def model_ready(rest: Rest, request: web.Request, call: Call, info: RequestInfo) -> web.Response:
+    try:
+        rest.core.resolve(call.model, _version(request))
+    except ServingError as e:  # not ready: 404 when it does not exist, else 400 (v2: any 4xx means false)
+        raise HttpError(e.message, e.code, 404 if isinstance(e, NotFound) else 400) from None
+    if rest.draining:
+        raise HttpError("servex is shutting down", "UNAVAILABLE", 400)
+    return web.Response(status=200)
+
+
+_METADATA: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # served version -> its answer
+
+
+async def model_metadata(rest: Rest, request: web.Request, call: Call, info: RequestInfo) -> web.Response:
+    core = rest.core
+    served = core.resolve(call.model, _version(request))
+    body = _METADATA.get(served)
+    if body is None:
+        sig = core.signature(served, "")
+        versions = [str(s.version) for s in core.manager.statuses(served.name) if s.state == "AVAILABLE"]
+        body = _METADATA[served] = codec.dumps(
+            {
+                "name": served.name,
+                "versions": versions,
+                "platform": PLATFORM,
+                "inputs": [_tensor_metadata(a, s) for a, s in sig.inputs.items()],
+                "outputs": [_tensor_metadata(a, s) for a, s in sig.outputs.items()],
+            }
+        )
+    return json_response(body)
+
+
+def _tensor_metadata(alias: str, spec) -> dict:
+    try:
+        datatype = v2_types.datatype(spec.dtype)
+    except ValueError:
+        datatype = np.dtype(spec.dtype).name.upper()
+    shape = [-1] if spec.shape is None else [-1 if d is None else d for d in spec.shape]
+    return {"name": alias, "datatype": datatype, "shape": shape}
+
+
+# -- infer ------------------------------------------------------------------------------------------------
+
+
+async def infer(rest: Rest, request: web.Request, call: Call, info: RequestInfo) -> web.StreamResponse:
+    version = _version(request)
+    body = await rest.body(request)
+    view = memoryview(body)
+    header = request.headers.get(HEADER_LENGTH)
+    json_size = len(view)
+    if header is not None:
+        if not header.strip().isdigit() or int(header) > len(view):
+            raise InvalidArgument(
+                f"header {HEADER_LENGTH} is {header!r}: expected the byte length of the JSON at the start of the "
+                f"body, at most the body's {len(view)} bytes"
+            )
+        json_size = int(header)
+    doc = await offload(json_size, codec.parse, view[:json_size], "inference request JSON")
+    request_id, signature, binary_output, filters = _parameters(doc, info)
+    inputs = await offload(len(view), decode_inputs, doc, view[json_size:])
+    result = await rest.core.predict(call.model, version, "", signature, inputs, list(filters))
+    reply: dict[str, Any] = {"model_name": result.model_name, "model_version": str(result.version)}
+    if request_id is not None:
+        reply["id"] = request_id
+    size = sum(v.nbytes for v in result.outputs.values())
+    chunks: list = []
+    reply["outputs"], all_finite = await offload(size, encode_outputs, result.outputs, filters, binary_output, chunks)
+    text = codec.dumps(reply, all_finite)
+    if not chunks:
+        return json_response(text)
+    response = web.StreamResponse(headers={HEADER_LENGTH: str(len(text))})
+    response.content_type = "application/octet-stream"
+    response.content_length = len(text) + sum(len(c) for c in chunks)
+    await response.prepare(request)
+    await response.write(text)
+    for chunk in chunks:
+        await response.write(chunk)
+    await response.write_eof()
+    return response
+
+
+def _parameters(doc: Any, info: RequestInfo) -> tuple[Any, str, bool, dict[str, bool]]:
+    """The request's id, signature, binary_data_output and requested outputs (name -> binary); sets the call's
+    priority and deadline from ``parameters``."""
+    if not isinstance(doc, dict):
+        raise InvalidArgument(
+            f'the inference request is a JSON {codec.type_name(doc)}, expected an object {{"inputs": [...], ...}}'
+        )
+    request_id = doc.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise InvalidArgument(f"'id' must be a string, got {codec.type_name(request_id)}")
+    params = _dict(doc.get("parameters", {}), "parameters")
+    if "priority" in params:
+        info.priority = _integer(params["priority"], "parameters.priority", "larger runs first")
+    if "timeout" in params:
+        micros = _integer(params["timeout"], "parameters.timeout", "microseconds")
+        deadline = time.monotonic() + max(micros, 0) / 1e6
+        info.deadline = deadline if info.deadline is None else min(info.deadline, deadline)
+    binary_output = _boolean(params.get("binary_data_output", False), "parameters.binary_data_output")
+    signature = params.get("signature_name", "")
+    if not isinstance(signature, str):
+        raise InvalidArgument(f"parameters.signature_name must be a string, got {codec.type_name(signature)}")
+    outputs = doc.get("outputs", [])
+    if not isinstance(outputs, list):
+        raise InvalidArgument(f"'outputs' must be a list of {{\"name\": ...}} objects, got {codec.type_name(outputs)}")
+    filters: dict[str, bool] = {}
+    for i, out in enumerate(outputs):
+        out = _dict(out, f"outputs[{i}]")
+        name = out.get("name")
+        if not isinstance(name, str) or not name:
+            raise InvalidArgument(f"outputs[{i}] has no 'name' (a string naming the output)")
+        if name in filters:
+            raise InvalidArgument(f"output {name!r} is requested twice")
+        out_params = _dict(out.get("parameters", {}), f"outputs[{i}].parameters")
+        if "classification" in out_params:
+            raise Unimplemented(f"output {name!r}: the classification extension is not supported")
+        if "shared_memory_region" in out_params:
+            raise Unimplemented(f"output {name!r}: shared memory is not supported")
+        filters[name] = _boolean(out_params.get("binary_data", binary_output), f"outputs[{i}].parameters.binary_data")
+    return request_id, signature, binary_output, filters
+
+
+def _dict(value: Any, where: str) -> dict:
+    if not isinstance(value, dict):
+        raise InvalidArgument(f"'{where}' must be a JSON object, got {codec.type_name(value)}")
+    return value
+
+
+def _integer(value: Any, where: str, meaning: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or abs(value) > _INT64_MAX:
+        raise InvalidArgument(f"{where} must be an integer ({meaning}), got {codec.show(value)}")
+    return value
+
+
+def _boolean(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidArgument(f"{where} must be true or false, got {codec.show(value)}")
+    return value
+
+
+def decode_inputs(doc: dict, binary: memoryview) -> dict[str, np.ndarray]:
+    """The request's inputs by name: JSON ``data``, or ``binary_data_size`` bytes of ``binary`` each, in order."""
+    inputs = doc.get("inputs")
+    if not isinstance(inputs, list) or not inputs:
+        raise InvalidArgument(
+            'the request has no \'inputs\': send a list of {"name", "shape", "datatype", "data"} objects'
+        )
+    arrays: dict[str, np.ndarray] = {}
+    offset = 0
+    for i, tensor in enumerate(inputs):
+        tensor = _dict(tensor, f"inputs[{i}]")
+        name = tensor.get("name")
+        if not isinstance(name, str) or not name:
+            raise InvalidArgument(f"inputs[{i}] has no 'name' (a string naming the input)")
+        if name in arrays:
+            raise InvalidArgument(f"input {name!r} is sent twice")
+        datatype = tensor.get("datatype")
+        if not isinstance(datatype, str):
+            raise InvalidArgument(f"input {name!r} has no 'datatype'; expected one of {', '.join(v2_types.DTYPES)}")
+        dtype = v2_types.numpy_dtype(datatype, name)
+        shape = tensor.get("shape")
+        if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
+            raise InvalidArgument(f"input {name!r}: 'shape' must be a list of integers, got {codec.show(shape)}")
+        count = v2_types.element_count(shape, name)
+        params = _dict(tensor.get("parameters", {}), f"inputs[{i}].parameters")
+        if "shared_memory_region" in params:
+            raise Unimplemented(f"input {name!r}: shared memory is not supported; send the data in the request")
+        if "binary_data_size" in params:
+            size = params["binary_data_size"]
+            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+                raise InvalidArgument(f"input {name!r}: binary_data_size must be a byte count, got {codec.show(size)}")
+            if "data" in tensor:
+                raise InvalidArgument(f"input {name!r} has both 'data' and binary_data_size: send one of them")
+            if offset + size > len(binary):
+                raise InvalidArgument(
+                    f"input {name!r}: binary_data_size {size} runs past the binary data: {len(binary) - offset} "
+                    f"bytes are left after the earlier inputs ({len(binary)} after the JSON in all)"
+                )
+            raw = binary[offset : offset + size]
+            offset += size
+            if datatype == v2_types.BYTES and count * 4 > size:
+                raise InvalidArgument(
+                    f"input {name!r}: {size} bytes cannot hold the {count} BYTES elements of shape {shape} (each "
+                    f"takes at least its 4-byte length)"
+                )
+            arrays[name] = v2_types.from_raw(raw, datatype, shape, name)
+        elif "data" in tensor:
+            arrays[name] = _from_data(tensor["data"], datatype, dtype, shape, count, name, i)
+        else:
+            raise InvalidArgument(f"input {name!r} has no 'data' and no parameters.binary_data_size")
+    if offset != len(binary):
+        raise InvalidArgument(
+            f"{len(binary) - offset} bytes of binary data are left after the inputs' binary_data_size "
+            f"({offset} bytes in all): every byte after the JSON must belong to an input"
+        )
+    return arrays
+
+
+def _from_data(data: Any, datatype: str, dtype: np.dtype, shape: list, count: int, name: str, i: int) -> np.ndarray:
+    expects = f"input {name!r} ({datatype} {shape})"
+    where = f"inputs[{i}].data"
+    if dtype.kind == "O":
+        leaves: list = []
+        _leaves(data, leaves)
+        bad = next((v for v in leaves if not isinstance(v, str)), None)
+        if bad is not None:
+            raise InvalidArgument(f"{expects}: {where} holds {codec.show(bad)}, expected strings for BYTES")
+        array = np.empty(len(leaves), dtype=object)
+        array[:] = [v.encode() for v in leaves]
+    else:
+        array = codec.to_array(data, dtype, where, expects)
+    if array.size != count:
+        raise InvalidArgument(f"{expects}: {where} holds {array.size} values, but shape {shape} takes {count}")
+    return array.reshape(shape)
+
+
+def _leaves(value: Any, out: list) -> None:
+    if isinstance(value, list):
+        for item in value:
+            _leaves(item, out)
+    else:
+        out.append(value)
+
+
+def encode_outputs(
+    outputs: dict[str, np.ndarray], filters: dict[str, bool], binary_output: bool, chunks: list
+) -> tuple[list[dict], bool]:
+    """The answer's ``outputs`` entries; raw data of binary outputs is appended to ``chunks`` in order."""
+    entries = []
+    all_finite = True
+    for name, array in outputs.items():
+        try:
+            datatype = v2_types.datatype(array.dtype)
+        except ValueError:
+            raise FailedPrecondition(
+                f"output {name!r} has dtype {array.dtype.name}, which the KServe v2 protocol cannot carry "
+                f"(use TensorFlow Serving's REST or gRPC Predict for it)"
+            ) from None
+        entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
+        if filters.get(name, binary_output):
+            raw = raw_view(array)
+            entry["parameters"] = {"binary_data_size": len(raw)}
+            chunks.append(raw)
+        elif datatype == v2_types.BYTES:
+            entry["data"] = [_text(v, name) for v in array.reshape(-1).tolist()]
+        else:
+            all_finite = all_finite and codec.finite(array)
+            entry["data"] = codec.jsonable(array.reshape(-1))
+        entries.append(entry)
+    return entries, all_finite
+
+
+def _text(value: Any, name: str) -> str:
+    if isinstance(value, str):
+        return value
+    try:
+        return bytes(value).decode()
+    except UnicodeDecodeError:
+        raise InvalidArgument(
+            f"output {name!r} holds bytes that are not UTF-8 text, which JSON cannot carry: ask for it with "
+            f'"parameters": {{"binary_data": true}}'
+        ) from None
+
+
+def raw_view(array: np.ndarray) -> bytes | memoryview:
+    """An output's raw v2 bytes: a view over the array when it is little-endian and contiguous already."""
+    if array.dtype.kind in "OSU":
+        return v2_types.encode_bytes(array)
+    flat = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).reshape(-1)
+    return memoryview(flat.view(np.uint8))
