@@ -10,6 +10,13 @@ waits on the run's event first, as TensorFlow does not order its stream after ou
 consumer's stream waits on the event; the host does not). A second non-blocking stream serves device-to-host
 copies (``to_host``), so results can come back while the next run's inputs go in.
 
+Feeding a TensorFlow Session (what GraphExecutor and the variable store do) is the exception, handled by
+``transfer``: a Session takes host memory only (``feed_dict`` rejects a ``tf.Tensor`` with TypeError, and a session
+callable turns one back into NumPy, a device-to-host copy; measured with TF 2.21), and places the feeds of ops it
+runs on the GPU itself, through its own page-locked staging and host-to-device stream. So ``transfer`` hands those
+callers host arrays in the layout TensorFlow takes without a copy (as the CPU executor does), counted under this
+device; the CuPy copies above serve callers that take device tensors, through ``create()`` and futures.
+
 Strings and dtypes CuPy lacks (bfloat16) stay host arrays. CuPy (and CUDA) are imported only when a GPU factory
 is made: servex installs and runs without them, and ``--device=gpu:N`` then fails at start with a DeviceError
 that says what is missing. ``servex_h2d_transfer_seconds`` measures the host side of a run's transfers (staging
@@ -18,6 +25,7 @@ and enqueueing); the copies themselves complete asynchronously.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -25,8 +33,11 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from transfer.base import DeviceError, H2DTransferExecutor, H2DTransferExecutorFactory, TransferFuture
+from transfer.cpu import to_tensorflow_layout
 from transfer.metrics import TransferMetrics
 from transfer.staging import StagingBuffer, StagingPool, layout, stage
+
+log = logging.getLogger(__name__)
 
 CHUNK_BYTES = 4 << 20  # one staging buffer
 MAX_BUFFERS = 16  # so at most 64 MiB of page-locked memory per device
@@ -128,6 +139,12 @@ class CupyTransferExecutorFactory(H2DTransferExecutorFactory):
         if handoff not in (None, "tensorflow", "cupy"):
             raise ValueError(f"handoff must be 'tensorflow' or 'cupy', not {handoff!r}")
         self.handoff = handoff or ("tensorflow" if tensorflow_sees_a_gpu() else "cupy")
+        if handoff is None and self.handoff == "cupy":
+            log.warning(
+                "%s: TensorFlow sees no GPU (is it built with CUDA, are its CUDA libraries installed?): graphs run "
+                "on the CPU, and device tensors are handed off as CuPy arrays",
+                self.device,
+            )
         self.metrics = TransferMetrics(self.device)
 
     def _pinned(self, nbytes: int) -> StagingBuffer:
@@ -138,6 +155,15 @@ class CupyTransferExecutorFactory(H2DTransferExecutorFactory):
 
     def create(self) -> H2DTransferExecutor:
         return CupyTransferExecutor(self)
+
+    def to_device(self, arrays: Sequence[np.ndarray]) -> list:
+        """One run through the CuPy path: every array scheduled, copied, handed off (tf.Tensor or CuPy array)."""
+        return H2DTransferExecutorFactory.transfer(self, arrays)
+
+    def transfer(self, arrays: Sequence[np.ndarray]) -> Sequence[np.ndarray]:
+        """For callers that feed a TensorFlow Session (GraphExecutor, the variable store): host arrays that
+        TensorFlow takes without a copy; TensorFlow moves them to the GPU itself (see the module's docstring)."""
+        return to_tensorflow_layout(arrays, self.metrics)
 
     def copy_to_device(self, arrays: Sequence[np.ndarray], futures: Sequence[GpuTransferFuture]) -> None:
         """One run's copies: laid out in one device buffer, staged, enqueued; binds each future to its view."""

@@ -1,8 +1,9 @@
 """Transfer metrics, labelled by device (prometheus_client, exported on /metrics).
 
-``servex_h2d_transfer_seconds``: the time one run's host-to-device transfers took (CPU: the alignment copies
-only, so ~0; GPU: staging and enqueueing the copies). ``servex_h2d_bytes_total``: bytes of the host arrays handed
-to the transfer executor. Label children are resolved once per factory, never per run.
+``servex_h2d_transfer_seconds``: the time one run's host-to-device transfers took (CPU, and GPU runs that feed a
+TensorFlow Session: the alignment copies only, so ~0; GPU runs through the CuPy path: staging and enqueueing).
+``servex_h2d_bytes_total``: bytes of the host arrays handed to the transfer executor.
+Label children are resolved once per factory, never per run.
 """
 
 from __future__ import annotations

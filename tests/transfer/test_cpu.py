@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from prometheus_client import REGISTRY
 
+from tests.transfer.gpu import without_gpu
 from transfer import DeviceError, H2DTransferExecutor, H2DTransferExecutorFactory, TransferFuture, make_factory
 from transfer.cpu import ALIGN_COPY_MIN_BYTES, ALIGNMENT, CpuTransferExecutorFactory, aligned_copy, needs_aligned_copy
 
@@ -171,16 +172,7 @@ def test_unknown_device_names_the_known_kinds(device):
     assert "'cpu'" in message and "'gpu'" in message and "'auto'" in message
 
 
-def _cupy_usable() -> bool:
-    try:
-        import cupy
-
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:
-        return False
-
-
-@pytest.mark.skipif(_cupy_usable(), reason="a GPU is usable here: auto picks it")
+@without_gpu
 def test_auto_falls_back_to_cpu_and_says_why(caplog):
     with caplog.at_level(logging.WARNING, logger="transfer.base"):
         factory = make_factory("auto")
@@ -189,7 +181,7 @@ def test_auto_falls_back_to_cpu_and_says_why(caplog):
     assert "gpu:0" in caplog.text
 
 
-@pytest.mark.skipif(_cupy_usable(), reason="a GPU is usable here")
+@without_gpu
 def test_gpu_without_cupy_or_cuda_says_what_is_missing():
     with pytest.raises(DeviceError) as info:
         make_factory("gpu:0")

@@ -1,0 +1,159 @@
+"""The CuPy (GPU) transfer executor: values arrive intact, small inputs packed and large ones chunked through the
+bounded page-locked pool, dedicated streams, per-run events, hand-off to CuPy and (where TensorFlow sees the GPU)
+to TensorFlow by DLPack, device-to-host copies, metrics. Marked ``gpu``: skipped where no GPU is visible."""
+
+from __future__ import annotations
+
+import threading
+
+import ml_dtypes
+import numpy as np
+import pytest
+from prometheus_client import REGISTRY
+
+from tests.transfer.gpu import requires_gpu
+from transfer import DeviceError, make_factory
+
+pytestmark = requires_gpu
+
+
+@pytest.fixture(scope="module")
+def cp():
+    import cupy
+
+    return cupy
+
+
+@pytest.fixture(scope="module")
+def factory(cp):
+    from transfer.cupy_gpu import CupyTransferExecutorFactory
+
+    made = CupyTransferExecutorFactory(0, chunk_bytes=1 << 20, max_buffers=3, copy_threads=2, handoff="cupy")
+    yield made
+    made.close()
+
+
+def arrays_of_every_kind():
+    rng = np.random.default_rng(0)
+    return [
+        rng.random((3, 4)).astype(np.float32),
+        np.array(7, np.int64),  # a scalar
+        np.arange(10, dtype=np.int32)[::2],  # strided
+        np.array([True, False, True]),
+        (rng.random(5) + 1j * rng.random(5)).astype(np.complex64),
+        rng.random(1_500_000).astype(np.float64),  # 12 MB: 12 chunks of 1 MiB through 3 buffers
+        np.zeros((0, 3), np.float16),
+        np.frombuffer(b"\0" * 16 + np.arange(300, dtype=np.uint16).tobytes(), np.uint16, offset=16),
+    ]
+
+
+def test_the_registry_makes_it_with_two_dedicated_streams(cp):
+    made = make_factory("gpu:0")
+    try:
+        assert made.device == "gpu:0" and made.passthrough is False
+        assert made.h2d_stream.ptr != 0 and made.d2h_stream.ptr != 0  # not the legacy default stream
+        assert made.h2d_stream.ptr != made.d2h_stream.ptr
+    finally:
+        made.close()
+
+
+def test_a_gpu_that_does_not_exist_fails_saying_how_many_there_are(cp):
+    count = cp.cuda.runtime.getDeviceCount()
+    with pytest.raises(DeviceError, match=rf"--device=gpu:{count}: no such GPU; CUDA sees {count} device"):
+        make_factory(f"gpu:{count}")
+
+
+def test_values_arrive_intact_as_cupy_arrays(cp, factory):
+    arrays = arrays_of_every_kind()
+    results = factory.to_device(arrays)
+    for array, result in zip(arrays, results, strict=True):
+        assert isinstance(result, cp.ndarray)
+        assert result.dtype == array.dtype and result.shape == array.shape
+        np.testing.assert_array_equal(cp.asnumpy(result), array)
+    assert factory.pool.allocated <= 3
+
+
+def test_strings_and_bfloat16_stay_on_the_host(factory):
+    strings = np.array([b"a", b"bc"], dtype=object)
+    half = np.ones(4, ml_dtypes.bfloat16)
+    floats = np.ones(4, np.float32)
+    out = factory.to_device([strings, half, floats])
+    assert out[0] is strings and out[1] is half
+    assert not isinstance(out[2], np.ndarray)
+
+
+def test_small_inputs_share_one_staging_buffer_and_buffers_are_reused(cp):
+    from transfer.cupy_gpu import CupyTransferExecutorFactory
+
+    made = CupyTransferExecutorFactory(0, chunk_bytes=1 << 20, max_buffers=4, handoff="cupy")
+    try:
+        for i in range(30):
+            arrays = [np.full(100, i + k, np.int32) for k in range(20)]
+            for array, result in zip(arrays, made.to_device(arrays), strict=True):
+                np.testing.assert_array_equal(cp.asnumpy(result), array)
+        assert made.pool.allocated == 1  # 20 small inputs: one buffer per run, the same one every run
+    finally:
+        made.close()
+
+
+def test_each_run_has_its_own_completion_event(factory):
+    first, second = factory.create(), factory.create()
+    a, b = first.schedule(np.ones(1000, np.float32)), second.schedule(np.zeros(1000, np.float32))
+    first.run()
+    second.run()
+    assert a._done is not b._done
+    a.result()
+    assert a._done.done  # waiting on a run's own event completes it
+
+
+def test_concurrent_runs_get_their_own_values(cp, factory):
+    errors = []
+
+    def worker(seed: int) -> None:
+        try:
+            for k in range(10):
+                array = np.full(300_000 + k, seed, np.float32)
+                (result,) = factory.to_device([array])
+                assert float(result[0]) == seed and float(result[-1]) == seed
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors and factory.pool.allocated <= 3
+
+
+def test_to_host_copies_back_on_the_d2h_stream(cp, factory):
+    array = np.arange(1000, dtype=np.float32)
+    (device,) = factory.to_device([array])
+    (back,) = factory.to_host([device * 2])
+    assert isinstance(back, np.ndarray)
+    np.testing.assert_array_equal(back, array * 2)
+
+
+def test_session_callers_get_host_arrays_counted_under_the_gpu(factory):
+    before = REGISTRY.get_sample_value("servex_h2d_bytes_total", {"device": "gpu:0"}) or 0.0
+    array = np.ones(10, np.float32)
+    assert factory.transfer([array])[0] is array
+    factory.to_device([np.ones(6, np.int8)])
+    assert REGISTRY.get_sample_value("servex_h2d_bytes_total", {"device": "gpu:0"}) - before == 46
+
+
+def test_hand_off_to_tensorflow_by_dlpack(cp):
+    import tensorflow as tf
+
+    from transfer.cupy_gpu import CupyTransferExecutorFactory
+
+    if not tf.config.list_physical_devices("GPU"):
+        pytest.skip("TensorFlow sees no GPU here")
+    made = CupyTransferExecutorFactory(0, handoff="tensorflow")
+    try:
+        array = np.arange(12, dtype=np.float32).reshape(3, 4)
+        (tensor,) = made.to_device([array])
+        assert isinstance(tensor, tf.Tensor) and "GPU" in tensor.device
+        np.testing.assert_array_equal(tensor.numpy(), array)
+    finally:
+        made.close()
