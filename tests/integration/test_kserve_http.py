@@ -1,0 +1,268 @@
+"""KServe v2 REST on the real daemon's --rest_api_port, called with tritonclient.http (and raw HTTP for the
+malformed requests a client library would never send): health, metadata, inference on the benchmark MLP
+(compared with running the SavedModel in TensorFlow here) with JSON and binary tensors in and out, gzip and
+deflate request bodies, priorities, BYTES tensors, and bad requests (each answered with its status and a message
+naming what was wrong; the daemon keeps serving)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import struct
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.conftest import HALF_PLUS_TWO_TF1
+from tests.integration.daemon import Daemon, metric
+from tests.integration.test_rest import string_model  # noqa: F401  (the session fixture, shared)
+
+LIMIT = 4 << 20  # --max_message_bytes of the daemon under test
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory, mlp_model, string_model):  # noqa: F811
+    config = tmp_path_factory.mktemp("config") / "models.config"
+    config.write_text(
+        "model_config_list {\n"
+        f'  config {{ name: "mlp" base_path: "{mlp_model}" model_platform: "tensorflow" }}\n'
+        f'  config {{ name: "hp2" base_path: "{HALF_PLUS_TWO_TF1}" model_platform: "tensorflow" }}\n'
+        f'  config {{ name: "strings" base_path: "{string_model}" model_platform: "tensorflow" }}\n'
+        "}\n"
+    )
+    args = [f"--model_config_file={config}", f"--max_message_bytes={LIMIT}"]
+    daemon = Daemon(args, tmp_path_factory.mktemp("servex"), rest=True)
+    yield daemon.wait_serving()
+    daemon.stop()
+
+
+@pytest.fixture(scope="module")
+def client(daemon):
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{daemon.rest_port}", network_timeout=30)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="module")
+def mlp(mlp_model):
+    """The MLP run directly in TensorFlow: features [N,64] float32 -> score [N,1]."""
+    fn = tf.saved_model.load(str(mlp_model / "1")).signatures["serving_default"]
+    return lambda x: fn(features=tf.constant(x))["score"].numpy()
+
+
+def features(n: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((n, 64), dtype=np.float32)
+
+
+def tensor(name, array, datatype, binary=True):
+    t = httpclient.InferInput(name, list(array.shape), datatype)
+    t.set_data_from_numpy(array, binary_data=binary)
+    return t
+
+
+# -- health and metadata ----------------------------------------------------------------------------------
+
+
+def test_health(client):
+    assert client.is_server_live()
+    assert client.is_server_ready()
+    assert client.is_model_ready("mlp")
+    assert client.is_model_ready("mlp", "1")
+    assert not client.is_model_ready("mlp", "7")
+    assert not client.is_model_ready("nope")
+
+
+def test_metadata(client):
+    server = client.get_server_metadata()
+    assert server["name"] == "servex" and "binary_tensor_data" in server["extensions"]
+    assert client.get_model_metadata("mlp") == {
+        "name": "mlp",
+        "versions": ["1"],
+        "platform": "tensorflow_savedmodel",
+        "inputs": [{"name": "features", "datatype": "FP32", "shape": [-1, 64]}],
+        "outputs": [{"name": "score", "datatype": "FP32", "shape": [-1, 1]}],
+    }
+    assert client.get_model_metadata("hp2", "123")["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 1]}]
+    with pytest.raises(InferenceServerException) as e:
+        client.get_model_metadata("nope")
+    assert e.value.status() == "404" and "model 'nope' is not served" in e.value.message()
+
+
+# -- inference --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("binary_in", [True, False])
+@pytest.mark.parametrize("binary_out", [True, False])
+def test_mlp_matches_tensorflow(client, mlp, binary_in, binary_out):
+    x = features(7, seed=int(binary_in) * 2 + int(binary_out))
+    outputs = [httpclient.InferRequestedOutput("score", binary_data=binary_out)]
+    result = client.infer("mlp", [tensor("features", x, "FP32", binary_in)], outputs=outputs)
+    np.testing.assert_allclose(result.as_numpy("score"), mlp(x), rtol=1e-5, atol=1e-6)
+    out = result.get_output("score")
+    assert out["datatype"] == "FP32" and out["shape"] == [7, 1]
+    assert ("parameters" in out and out["parameters"]["binary_data_size"] == 7 * 4) == binary_out
+    assert result.get_response()["model_name"] == "mlp" and result.get_response()["model_version"] == "1"
+
+
+@pytest.mark.parametrize("compression", ["gzip", "deflate"])
+def test_compressed_requests(client, mlp, compression):
+    x = features(64, seed=9)
+    result = client.infer(
+        "mlp", [tensor("features", x, "FP32")], model_version="1", request_compression_algorithm=compression
+    )
+    np.testing.assert_allclose(result.as_numpy("score"), mlp(x), rtol=1e-5, atol=1e-6)
+
+
+def test_no_outputs_named_answers_all_binary(client):
+    # tritonclient asks binary_data_output when it names no outputs
+    result = client.infer("hp2", [tensor("x", np.array([[1.0], [3.0]], np.float32), "FP32", binary=False)])
+    assert result.get_output("y")["parameters"]["binary_data_size"] == 8
+    np.testing.assert_array_equal(result.as_numpy("y"), [[2.5], [3.5]])
+
+
+def test_request_id_and_priority(client, daemon):
+    x = tensor("x", np.array([[2.0]], np.float32), "FP32")
+    result = client.infer("hp2", [x], request_id="req-1", priority=7)
+    assert result.get_response()["id"] == "req-1"
+    np.testing.assert_array_equal(result.as_numpy("y"), [[3.0]])
+    assert metric(daemon, "servex_requests_total", method="rest:v2_infer", model="hp2", priority="7", code="OK") == 1
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_bytes_tensors(client, binary):
+    text = np.array([b"abc", "h\u00e9llo".encode(), b""], dtype=object)
+    outputs = [
+        httpclient.InferRequestedOutput("upper", binary_data=binary),
+        httpclient.InferRequestedOutput("length", binary_data=False),
+    ]
+    result = client.infer("strings", [tensor("text", text, "BYTES", binary)], outputs=outputs)
+    # tritonclient gives JSON BYTES back as str, binary ones as bytes
+    upper = [v.encode() if isinstance(v, str) else v for v in result.as_numpy("upper").tolist()]
+    assert upper == [b"ABC", "H\u00e9LLO".encode(), b""]
+    assert result.as_numpy("length").tolist() == [3, 6, 0]
+    assert result.get_output("upper")["datatype"] == "BYTES"
+
+
+def test_non_utf8_bytes_round_trip_binary(client):
+    raw = np.array([bytes(range(256))], dtype=object)
+    outputs = [httpclient.InferRequestedOutput("echo_bytes", binary_data=True)]
+    result = client.infer("strings", [tensor("text", raw, "BYTES")], outputs=outputs)
+    assert result.as_numpy("echo_bytes").tolist() == [bytes(range(256))]
+
+
+# -- bad requests -----------------------------------------------------------------------------------------
+
+
+def post(daemon, path: str, body: bytes, headers=None) -> tuple[int, dict]:
+    request = urllib.request.Request(daemon.rest_url + path, data=body, method="POST", headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, {}
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def infer_json(inputs, **extra) -> bytes:
+    return json.dumps({"inputs": inputs, **extra}).encode()
+
+
+X1 = {"name": "x", "shape": [1, 1], "datatype": "FP32", "data": [1.0]}
+HP2 = "/v2/models/hp2/infer"
+
+
+def binary_body(inputs, raw: bytes, **extra) -> tuple[bytes, dict]:
+    head = infer_json(inputs, **extra)
+    return head + raw, {"Inference-Header-Content-Length": str(len(head))}
+
+
+def _bin(shape, size, datatype="FP32"):
+    return {"name": "x", "shape": shape, "datatype": datatype, "parameters": {"binary_data_size": size}}
+
+
+FOUR = struct.pack("<f", 1.0)
+BAD = [
+    # (path, body, headers, status, words the message must contain)
+    (HP2, b'{"inputs": [', {}, 400, ["JSON parse error"]),
+    (HP2, b"[]", {}, 400, ["array", "expected an object"]),
+    (HP2, b"{}", {}, 400, ["no 'inputs'"]),
+    (HP2, infer_json([{**X1, "datatype": "FP8"}]), {}, 400, ["unknown datatype 'FP8'", "FP32"]),
+    (HP2, infer_json([{**X1, "datatype": "FP64"}]), {}, 400, ["input 'x' expects dtype DT_FLOAT", "DT_DOUBLE"]),
+    (HP2, infer_json([{**X1, "shape": [1, 2], "data": [1.0, 2.0]}]), {}, 400, ["expects shape [-1,1], got [1, 2]"]),
+    (HP2, infer_json([{**X1, "shape": [2, 1]}]), {}, 400, ["holds 1 values, but shape [2, 1] takes 2"]),
+    (HP2, infer_json([{**X1, "shape": [1, -1]}]), {}, 400, ["negative dimension"]),
+    (HP2, infer_json([{**X1, "shape": "1"}]), {}, 400, ["'shape' must be a list of integers"]),
+    (HP2, infer_json([{**X1, "data": ["a"]}]), {}, 400, ["input 'x'", 'inputs[0].data[0] is "a"', "number"]),
+    (HP2, infer_json([{**X1, "shape": [2, 1], "data": [[1.0], [2.0, 3.0]]}]), {}, 400, ["ragged"]),
+    (HP2, infer_json([X1, X1]), {}, 400, ["input 'x' is sent twice"]),
+    (HP2, infer_json([{**X1, "name": "y"}]), {}, 400, ["missing input(s) ['x']", "unknown input(s) ['y']"]),
+    (HP2, infer_json([X1], outputs=[{"name": "nope"}]), {}, 400, ["unknown output(s) ['nope']", "y"]),
+    (HP2, infer_json([X1], outputs=[{"name": "y", "parameters": {"classification": 2}}]), {}, 501,
+     ["classification"]),
+    (HP2, infer_json([X1], parameters={"priority": "high"}), {}, 400, ["parameters.priority must be an integer"]),
+    (HP2, infer_json([X1], parameters={"binary_data_output": 1}), {}, 400, ["binary_data_output must be true or"]),
+    (HP2, infer_json([X1], parameters={"signature_name": "nope"}), {}, 400, ["no signature 'nope'"]),
+    (HP2, *binary_body([_bin([1, 1], 8)], FOUR), 400, ["binary_data_size 8 runs past the binary data", "4 bytes"]),
+    (HP2, *binary_body([_bin([1, 1], 4)], FOUR + b"xx"), 400, ["2 bytes of binary data are left"]),
+    (HP2, *binary_body([_bin([2, 1], 4)], FOUR), 400, ["4 raw bytes do not fit", "8 bytes"]),
+    (HP2, *binary_body([{**_bin([1, 1], 4), "data": [1.0]}], FOUR), 400, ["both 'data' and binary_data_size"]),
+    (HP2, infer_json([X1]) + FOUR, {"Inference-Header-Content-Length": "9999"}, 400,
+     ["Inference-Header-Content-Length", "at most"]),
+    (HP2, infer_json([X1]), {"Inference-Header-Content-Length": "ten"}, 400, ["Inference-Header-Content-Length"]),
+    ("/v2/models/strings/infer", *binary_body([_bin([3], 4, "BYTES") | {"name": "text"}], b"\0\0\0\0"), 400,
+     ["4 bytes cannot hold the 3 BYTES elements"]),
+    ("/v2/models/strings/infer",
+     infer_json([{"name": "text", "shape": [1], "datatype": "BYTES", "data": [5]}]), {}, 400,
+     ["holds 5", "expected strings for BYTES"]),
+    ("/v2/models/nope/infer", infer_json([X1]), {}, 404, ["model 'nope' is not served", "hp2"]),
+    ("/v2/models/hp2/versions/7/infer", infer_json([X1]), {}, 404, ["no version 7", "123"]),
+    ("/v2/models/hp2/versions/latest/infer", infer_json([X1]), {}, 400, ["'latest' is not a version number"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("path", "body", "headers", "status", "words"), BAD, ids=[f"{i}" for i in range(len(BAD))])
+def test_bad_requests(daemon, path, body, headers, status, words):
+    got, answer = post(daemon, path, body, headers)
+    assert got == status, answer
+    assert set(answer) == {"error"}
+    for word in words:
+        assert word in answer["error"]
+
+
+def test_non_utf8_bytes_as_json_is_refused_with_the_way_out(daemon):
+    head = infer_json(
+        [_bin([1], 8, "BYTES") | {"name": "text"}],
+        outputs=[{"name": "echo_bytes", "parameters": {"binary_data": False}}],
+    )
+    status, answer = post(
+        daemon,
+        "/v2/models/strings/infer",
+        head + struct.pack("<I", 4) + b"\xff\xfe\x00\x80",
+        {"Inference-Header-Content-Length": str(len(head))},
+    )
+    assert status == 400 and "not UTF-8" in answer["error"] and '"binary_data": true' in answer["error"]
+
+
+def test_body_limits(daemon, client):
+    big = infer_json([{"name": "x", "shape": [LIMIT // 4, 1], "datatype": "FP32", "data": [1.0] * (LIMIT // 4)}])
+    status, answer = post(daemon, HP2, big)
+    assert status == 413 and f"limit of {LIMIT} bytes" in answer["error"]
+    bomb = gzip.compress(infer_json([X1]) + b" " * (64 << 20), 9)
+    status, answer = post(daemon, HP2, bomb, {"Content-Encoding": "gzip"})
+    assert status == 413 and "inflates to more than the limit" in answer["error"]
+    x = tensor("x", np.array([[1.0]], np.float32), "FP32")
+    np.testing.assert_array_equal(client.infer("hp2", [x]).as_numpy("y"), [[2.5]])
+
+
+def test_errors_reach_tritonclient_and_daemon_keeps_serving(client, daemon):
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("mlp", [tensor("features", features(2)[:, :63].copy(), "FP32")])
+    assert e.value.status() == "400" and "expects shape [-1,64], got [2, 63]" in e.value.message()
+    bad = metric(daemon, "servex_requests_total", method="rest:v2_infer", model="mlp", code="INVALID_ARGUMENT")
+    assert bad >= 1
+    assert client.is_server_ready() and client.is_model_ready("mlp")
+    assert daemon.proc.poll() is None
