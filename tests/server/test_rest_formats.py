@@ -1,0 +1,164 @@
+"""TensorFlow Serving's REST request/answer formats and KServe v2 REST tensors, without a server: row and
+columnar predict bodies, ``_bytes`` outputs in base64, tf.Example JSON, v2 binary inputs as views over the body
+(no copy) and binary outputs after the JSON."""
+
+from __future__ import annotations
+
+import base64
+import json
+import struct
+
+import numpy as np
+import pytest
+from tensorflow.core.framework import types_pb2
+from tensorflow_serving.apis import regression_pb2
+
+from loader.errors import FailedPrecondition, InvalidArgument, Unimplemented
+from loader.saved_model import TensorSpec
+from server import rest_v2
+from server.core import RequestInfo
+from server.rest_tfserving import decode_predict, encode_predict, fill_input
+
+X = TensorSpec("x:0", types_pb2.DT_FLOAT, np.dtype(np.float32), (None, 2))
+S = TensorSpec("s:0", types_pb2.DT_STRING, np.dtype(object), (None,))
+K = TensorSpec("k:0", types_pb2.DT_INT64, np.dtype(np.int64), (None,))
+
+
+def refused(doc, specs) -> str:
+    with pytest.raises(InvalidArgument) as e:
+        decode_predict(doc, specs)
+    return e.value.message
+
+
+# -- TensorFlow Serving -----------------------------------------------------------------------------------
+
+
+def test_row_format_one_input_and_named_inputs():
+    inputs, row = decode_predict({"instances": [[1, 2], [3, 4]]}, {"x": X})
+    assert row and inputs["x"].tolist() == [[1.0, 2.0], [3.0, 4.0]] and inputs["x"].dtype == np.float32
+    inputs, row = decode_predict(
+        {"instances": [{"s": "a", "k": 1}, {"s": {"b64": base64.b64encode(b"\xff").decode()}, "k": 2}]},
+        {"s": S, "k": K},
+    )
+    assert inputs["s"].tolist() == [b"a", b"\xff"] and inputs["k"].tolist() == [1, 2]
+
+
+def test_columnar_format():
+    inputs, row = decode_predict({"inputs": {"s": [["a", "b"]], "k": 5, "ignored": 1}}, {"s": S, "k": K})
+    assert not row and inputs["s"].shape == (1, 2) and inputs["k"].shape == ()
+    inputs, _ = decode_predict({"inputs": [[1, 2]]}, {"x": X})
+    assert inputs["x"].shape == (1, 2)
+
+
+def test_predict_body_errors():
+    two = {"s": S, "k": K}
+    assert "plain list, but the signature has 2 inputs" in refused({"instances": ["a"]}, two)
+    assert "missing ['k']" in refused({"instances": [{"s": "a"}]}, two)
+    assert "instances[1] is a array" in refused({"instances": [{"s": "a", "k": 1}, ["b"]]}, two)
+    assert "Missing named input(s) ['k']" in refused({"inputs": {"s": ["a"]}}, two)
+    assert "plain value/list" in refused({"inputs": ["a"]}, two)
+    assert "'instances' must be a list" in refused({"instances": {"x": 1}}, {"x": X})
+    assert "ragged" in refused({"instances": [["a", "b"], ["c"]]}, {"s": S})
+    assert "expected a string or" in refused({"instances": [1]}, {"s": S})
+    assert "not valid base64" in refused({"instances": [{"b64": "***"}]}, {"s": S})
+
+
+def test_answers_row_and_columnar():
+    y = np.array([[1.5], [2.0]], np.float32)
+    assert json.loads(encode_predict({"y": y}, True)) == {"predictions": [[1.5], [2.0]]}
+    assert json.loads(encode_predict({"y": y}, False)) == {"outputs": [[1.5], [2.0]]}
+    both = {"y": y, "tag_bytes": np.array([b"\x00\x01", b"z"], object), "name": np.array([b"a", b"b"], object)}
+    assert json.loads(encode_predict(both, True)) == {
+        "predictions": [
+            {"y": [1.5], "tag_bytes": {"b64": "AAE="}, "name": "a"},
+            {"y": [2.0], "tag_bytes": {"b64": "eg=="}, "name": "b"},
+        ]
+    }
+    assert json.loads(encode_predict(both, False))["outputs"]["tag_bytes"] == [{"b64": "AAE="}, {"b64": "eg=="}]
+
+
+def test_row_answer_needs_one_batch_size():
+    with pytest.raises(InvalidArgument, match="batch size 3, expecting 2"):
+        encode_predict({"a": np.zeros(2), "b": np.zeros(3)}, True)
+    with pytest.raises(InvalidArgument, match="is a scalar"):
+        encode_predict({"a": np.float32(1.0) * np.ones(())}, True)
+    assert json.loads(encode_predict({"a": np.zeros(2), "b": np.zeros(3)}, False)) == {
+        "outputs": {"a": [0.0, 0.0], "b": [0.0, 0.0, 0.0]}
+    }
+
+
+def test_examples_json_as_tensorflow_serving_builds_them():
+    request = regression_pb2.RegressionRequest()
+    doc = {
+        "context": {"c": "ctx"},
+        "examples": [{"f": 1.5, "i": [1, 2], "b": True, "s": "t", "raw": {"b64": "AAE="}, "e": []}],
+    }
+    fill_input(doc, request.input)
+    context = request.input.example_list_with_context.context.features.feature
+    assert context["c"].bytes_list.value == [b"ctx"]
+    feature = request.input.example_list_with_context.examples[0].features.feature
+    assert feature["f"].float_list.value == [1.5]
+    assert feature["i"].int64_list.value == [1, 2] and feature["b"].int64_list.value == [1]
+    assert feature["s"].bytes_list.value == [b"t"] and feature["raw"].bytes_list.value == [b"\x00\x01"]
+    assert feature["e"].WhichOneof("kind") is None
+    for doc, words in (
+        ({"examples": [{"f": [1.5, "a"]}]}, 'bytes ("a") in a feature of type float'),
+        ({"examples": [{"f": None}]}, "unexpected JSON type null"),
+        ({"examples": [{"f": [[1]]}]}, "unexpected JSON type array"),
+        ({"examples": [{"f": 2**64}]}, "does not fit int64"),
+        ({"examples": []}, "empty array"),
+        ({"examples": [3]}, "examples[0] must be a JSON object"),
+    ):
+        with pytest.raises(InvalidArgument) as e:
+            fill_input(doc, regression_pb2.RegressionRequest().input)
+        assert words in e.value.message
+
+
+# -- KServe v2 --------------------------------------------------------------------------------------------
+
+
+def test_binary_inputs_are_views_over_the_body():
+    raw = np.arange(6, dtype=np.float32).tobytes() + struct.pack("<I", 2) + b"hi"
+    body = memoryview(bytes(raw))
+    doc = {
+        "inputs": [
+            {"name": "a", "shape": [2, 3], "datatype": "FP32", "parameters": {"binary_data_size": 24}},
+            {"name": "s", "shape": [1], "datatype": "BYTES", "parameters": {"binary_data_size": 6}},
+            {"name": "j", "shape": [2, 2], "datatype": "INT64", "data": [[1, 2], [3, 4]]},
+        ]
+    }
+    arrays = rest_v2.decode_inputs(doc, body)
+    assert arrays["a"].tolist() == [[0, 1, 2], [3, 4, 5]]
+    assert np.shares_memory(arrays["a"], np.frombuffer(body, np.uint8))  # no copy of the body
+    assert arrays["s"].tolist() == [b"hi"] and arrays["j"].dtype == np.int64
+
+
+def test_parameters_priority_timeout_and_outputs():
+    info = RequestInfo()
+    doc = {
+        "id": "r",
+        "parameters": {"priority": 9, "timeout": 5_000_000, "binary_data_output": True},
+        "outputs": [{"name": "a"}, {"name": "b", "parameters": {"binary_data": False}}],
+    }
+    request_id, signature, binary, filters = rest_v2._parameters(doc, info)
+    assert (request_id, signature, binary, filters) == ("r", "", True, {"a": True, "b": False})
+    assert info.priority == 9 and info.deadline is not None
+    with pytest.raises(InvalidArgument, match="priority must be an integer"):
+        rest_v2._parameters({"parameters": {"priority": True}}, RequestInfo())
+    with pytest.raises(InvalidArgument, match="requested twice"):
+        rest_v2._parameters({"outputs": [{"name": "a"}, {"name": "a"}]}, RequestInfo())
+    with pytest.raises(Unimplemented):
+        rest_v2._parameters({"outputs": [{"name": "a", "parameters": {"shared_memory_region": "r"}}]}, RequestInfo())
+
+
+def test_outputs_json_and_binary():
+    chunks: list = []
+    outputs = {"y": np.array([[1.5, 2.0]], np.float32), "t": np.array([b"ab"], object), "n": np.array([np.nan])}
+    entries, finite = rest_v2.encode_outputs(outputs, {"y": True, "t": False, "n": False}, False, chunks)
+    assert entries[0] == {"name": "y", "datatype": "FP32", "shape": [1, 2], "parameters": {"binary_data_size": 8}}
+    assert bytes(chunks[0]) == np.array([1.5, 2.0], "<f4").tobytes()
+    assert entries[1]["data"] == ["ab"] and not finite
+    with pytest.raises(FailedPrecondition, match="complex64"):
+        rest_v2.encode_outputs({"c": np.zeros(1, np.complex64)}, {}, False, [])
+    with pytest.raises(InvalidArgument, match="not UTF-8"):
+        rest_v2.encode_outputs({"t": np.array([b"\xff"], object)}, {}, False, [])
