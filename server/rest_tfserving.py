@@ -80,7 +80,8 @@ def _spec(match: re.Match) -> tuple[str, int | None, str]:
     return name, version, unquote(match.group(3) or "")
 
 
-async def _document(rest: Rest, request: web.Request) -> dict:
+async def _document(rest: Rest, request: web.Request) -> tuple[dict, int]:
+    """The request's JSON object and its size in bytes (decompressed)."""
     body = await rest.body(request)
     doc = await offload(len(body), codec.parse, body)
     if not isinstance(doc, dict):
@@ -93,18 +94,17 @@ async def _document(rest: Rest, request: web.Request) -> dict:
         raise InvalidArgument(
             f"'signature_name' must be a string, got {codec.show(signature_name)} ({codec.type_name(signature_name)})"
         )
-    return doc
+    return doc, len(body)
 
 
 # -- predict ----------------------------------------------------------------------------------------------
 
 
 async def predict(rest: Rest, request: web.Request, name: str, version: int | None, label: str) -> web.Response:
-    doc = await _document(rest, request)
+    doc, size = await _document(rest, request)
     signature_name = doc.get("signature_name", "")
     core = rest.core
     sig = core.signature(core.resolve(name, version, label), signature_name)
-    size = request.content_length or 0
     inputs, row = await offload(size, decode_predict, doc, sig.inputs)
     result = await core.predict(name, version, label, signature_name, inputs)
     out_bytes = sum(v.nbytes for v in result.outputs.values())
@@ -292,7 +292,7 @@ def encode_predict(outputs: dict[str, np.ndarray], row: bool) -> bytes:
 async def classify_regress(
     rest: Rest, request: web.Request, verb: str, name: str, version: int | None, label: str
 ) -> web.Response:
-    doc = await _document(rest, request)
+    doc, _ = await _document(rest, request)
     proto = classification_pb2.ClassificationRequest() if verb == "classify" else regression_pb2.RegressionRequest()
     spec = proto.model_spec
     spec.name = name

@@ -118,6 +118,13 @@ def test_compressed_requests(client, mlp, compression):
     np.testing.assert_allclose(result.as_numpy("score"), mlp(x), rtol=1e-5, atol=1e-6)
 
 
+def test_large_json_request(client, mlp):
+    # ~2 MB of JSON: decoded on a worker thread (server/rest.py OFFLOAD_BYTES), answered the same
+    x = features(3000, seed=5)
+    result = client.infer("mlp", [tensor("features", x, "FP32", binary=False)])
+    np.testing.assert_allclose(result.as_numpy("score"), mlp(x), rtol=1e-5, atol=1e-6)
+
+
 def test_no_outputs_named_answers_all_binary(client):
     # tritonclient asks binary_data_output when it names no outputs
     result = client.infer("hp2", [tensor("x", np.array([[1.0], [3.0]], np.float32), "FP32", binary=False)])
@@ -205,6 +212,7 @@ BAD = [
      ["classification"]),
     (HP2, infer_json([X1], parameters={"priority": "high"}), {}, 400, ["parameters.priority must be an integer"]),
     (HP2, infer_json([X1], parameters={"binary_data_output": 1}), {}, 400, ["binary_data_output must be true or"]),
+    (HP2, infer_json([X1], parameters={"timeout": 0}), {}, 504, ["deadline"]),
     (HP2, infer_json([X1], parameters={"signature_name": "nope"}), {}, 400, ["no signature 'nope'"]),
     (HP2, *binary_body([_bin([1, 1], 8)], FOUR), 400, ["binary_data_size 8 runs past the binary data", "4 bytes"]),
     (HP2, *binary_body([_bin([1, 1], 4)], FOUR + b"xx"), 400, ["2 bytes of binary data are left"]),
