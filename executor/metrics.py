@@ -18,7 +18,7 @@ BUILD_SECONDS = Histogram(
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
 EVICTIONS = Counter("servex_client_graph_cache_evictions", "Client graphs evicted (least recently used)", LABELS)
-ENTRIES = Gauge("servex_client_graph_cache_entries", "Client graphs in the cache", LABELS)
+ENTRIES = Gauge("servex_client_graph_cache_entries", "Client graphs in the cache", LABELS, multiprocess_mode="livesum")
 
 
 class CacheMetrics:
@@ -48,9 +48,17 @@ RESTORE_SECONDS = Histogram(
     LABELS,
     buckets=(0.0001, 0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
 )
-RESTORED_BYTES = Gauge("servex_restored_variable_bytes", "Bytes of variables restored onto their device", LABELS)
+RESTORED_BYTES = Gauge(
+    "servex_restored_variable_bytes",
+    "Bytes of variables restored onto their device",
+    LABELS,
+    multiprocess_mode="livesum",
+)
 VARIABLES = Gauge(
-    "servex_variables", "Variables by state (UNRESTORED, RESTORING, RESTORED, ON_DEVICE)", [*LABELS, "state"]
+    "servex_variables",
+    "Variables by state (UNRESTORED, RESTORING, RESTORED, ON_DEVICE)",
+    [*LABELS, "state"],
+    multiprocess_mode="livesum",
 )
 ASSIGNMENTS = Counter("servex_variable_assignments", "Variables replaced through AssignVariable", LABELS)
 
@@ -107,7 +115,9 @@ RUN_SECONDS = Histogram("servex_run_seconds", "Graph execution time of a run (of
                         RUN_LABELS, buckets=FINE_BUCKETS)  # fmt: skip
 BATCH_SIZE = Histogram("servex_batch_size", "Requests per executed batch, observed once per request", RUN_LABELS,
                        buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512))  # fmt: skip
-QUEUE_DEPTH = Gauge("servex_queue_depth", "Runs waiting in the RunHandler's queue, per model", ["model"])
+QUEUE_DEPTH = Gauge(
+    "servex_queue_depth", "Runs waiting in the RunHandler's queue, per model", ["model"], multiprocess_mode="livesum"
+)
 DEADLINE_EXCEEDED = Counter(
     "servex_deadline_exceeded", "Requests whose deadline passed while queued (never run)", RUN_LABELS
 )

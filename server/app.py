@@ -220,7 +220,8 @@ async def serve(settings: ServerSettings) -> int:
     options = [
         ("grpc.max_receive_message_length", settings.max_message_bytes),
         ("grpc.max_send_message_length", settings.max_message_bytes),
-        ("grpc.so_reuseport", 0),
+        # Alone, a port already in use must fail the start; several serving processes share theirs.
+        ("grpc.so_reuseport", 1 if settings.process_group_size > 1 else 0),
     ]
     server = grpc.aio.server(options=options)
     try:
@@ -252,7 +253,9 @@ async def serve(settings: ServerSettings) -> int:
     kserve.add_to_server(core, server)
     health_servicer = health.aio.HealthServicer()
     lifecycle = Lifecycle(manager, health_servicer, settings)
-    model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelService(core, lifecycle.apply), server)
+    model_service_pb2_grpc.add_ModelServiceServicer_to_server(
+        ModelService(core, lifecycle.apply, settings.process_group_size), server
+    )
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
         [
@@ -267,33 +270,14 @@ async def serve(settings: ServerSettings) -> int:
         server,
     )
     address = f"{settings.bind_address}:{settings.port}"
-    if server.add_insecure_port(address) == 0:
-        log.error("cannot bind gRPC to %s", address)
-        return 1
-    try:
-        admin = start_admin_server(settings, core, options, lifecycle)
-    except (OSError, ValueError) as e:
-        log.error("%s", e)
-        return 1
     await health_servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
-    await server.start()
-    if admin is not None:
-        await admin.start()
-    log.info("gRPC on %s", address)
-    rest = None
-    if settings.rest_api_port:
-        timeout_s = settings.rest_api_timeout_in_ms / 1000
-        args = (settings.rest_api_port, settings.bind_address, settings.max_message_bytes, timeout_s)
-        rest = RestServer(core, *args, settings.drain_seconds)
-        try:
-            await rest.start()
-        except OSError as e:
-            log.error("cannot bind REST to %s:%d: %s", settings.bind_address, settings.rest_api_port, e)
-            await server.stop(0)
-            if admin is not None:
-                await admin.stop(0)
-            run_handler.close()
-            return 1
+    ports = _Ports(settings, server, core, options, lifecycle)
+    # Alone, servex opens its ports first (health NOT_SERVING while the models load). One of several serving
+    # processes opens them once its models are in: the kernel then never hands it a connection it cannot serve.
+    in_group = settings.process_group_size > 1
+    if not in_group and not await ports.open():
+        await loop.run_in_executor(None, run_handler.close)
+        return 1
     metrics_server = None
     if settings.metrics_port:
         metrics_server = start_metrics_server(settings.metrics_port, settings.bind_address)
@@ -312,6 +296,8 @@ async def serve(settings: ServerSettings) -> int:
             if not available:
                 log.error("no model loaded, nothing to serve: %s", "; ".join(problems) or "no model configured")
                 exit_code = 1
+            elif in_group and not await ports.open():
+                exit_code = 1
             else:
                 if settings.file_system_poll_wait_seconds > 0:
                     tasks.append(asyncio.ensure_future(lifecycle.poll_files()))
@@ -327,15 +313,60 @@ async def serve(settings: ServerSettings) -> int:
 
     log.info("draining: no new calls, in-flight calls have %.0fs to finish", settings.drain_seconds)
     await health_servicer.enter_graceful_shutdown()
-    await asyncio.gather(server.stop(settings.drain_seconds), *([rest.stop()] if rest is not None else []))
-    if admin is not None:
-        await admin.stop(1)
-    run_handler.close()
+    await ports.close(settings.drain_seconds)
+    await loop.run_in_executor(None, run_handler.close)  # queued runs finish; the loop stays responsive
     manager.unload_all()
     if metrics_server is not None:
         metrics_server.shutdown()
     log.info("servex stopped")
     return exit_code
+
+
+class _Ports:
+    """The gRPC, admin and REST ports of one process: opened together, closed together (draining)."""
+
+    def __init__(self, settings: ServerSettings, server, core: ServingCore, options, lifecycle: Lifecycle):
+        self.settings, self.server, self.core, self.options, self.lifecycle = settings, server, core, options, lifecycle
+        self.admin = None
+        self.rest = None
+        self.opened = False
+
+    async def open(self) -> bool:
+        """Bind and start every port; False (logged, nothing left open) when one cannot bind."""
+        settings = self.settings
+        address = f"{settings.bind_address}:{settings.port}"
+        if self.server.add_insecure_port(address) == 0:
+            log.error("cannot bind gRPC to %s", address)
+            return False
+        try:
+            self.admin = start_admin_server(settings, self.core, self.options, self.lifecycle)
+        except (OSError, ValueError) as e:
+            log.error("%s", e)
+            return False
+        await self.server.start()
+        self.opened = True
+        if self.admin is not None:
+            await self.admin.start()
+        log.info("gRPC on %s", address)
+        if settings.rest_api_port:
+            timeout_s = settings.rest_api_timeout_in_ms / 1000
+            args = (settings.rest_api_port, settings.bind_address, settings.max_message_bytes, timeout_s)
+            self.rest = RestServer(self.core, *args, settings.drain_seconds, reuse_port=settings.process_group_size > 1)
+            try:
+                await self.rest.start()
+            except OSError as e:
+                log.error("cannot bind REST to %s:%d: %s", settings.bind_address, settings.rest_api_port, e)
+                self.rest = None
+                await self.close(0)
+                return False
+        return True
+
+    async def close(self, grace: float) -> None:
+        if not self.opened:
+            return
+        await asyncio.gather(self.server.stop(grace), *([self.rest.stop()] if self.rest is not None else []))
+        if self.admin is not None:
+            await self.admin.stop(1)
 
 
 def run(settings: ServerSettings) -> int:

@@ -210,6 +210,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=d.drain_seconds,
         help="on SIGTERM/SIGINT, how long in-flight calls may take to finish",
     )
+    p.add_argument(
+        "--serving_processes",
+        type=int,
+        default=d.serving_processes,
+        help="processes serving the same ports (SO_REUSEPORT), each with its own copy of the models: more cores, "
+        "more throughput, more memory; /metrics adds them up",
+    )
+    p.add_argument("--process_group_size", type=int, default=d.process_group_size, help=argparse.SUPPRESS)
     p.add_argument("--log_level", default="INFO", help="Python logging level")
     return p
 
@@ -223,6 +231,10 @@ def parse_settings(argv: list[str] | None = None) -> tuple[ServerSettings, str]:
             build_parser().error(f"--prefetch_variables expects MODEL=VAR[,VAR...], got {item!r}")
         prefetch[model] = prefetch.get(model, ()) + tuple(n for n in names.split(",") if n)
     admin_port = args.admin_port or (8503 if args.admin_token_file else 0)
+    if args.serving_processes < 1:
+        build_parser().error(f"--serving_processes must be at least 1, got {args.serving_processes}")
+    if args.serving_processes > 1 and admin_port:
+        build_parser().error("the admin API changes one process's variables and models: it needs --serving_processes=1")
     loopback = args.admin_bind_address in ("127.0.0.1", "localhost", "::1")
     if admin_port and not loopback and not args.admin_token_file:
         build_parser().error("--admin_bind_address other than loopback needs --admin_token_file")
@@ -266,6 +278,8 @@ def parse_settings(argv: list[str] | None = None) -> tuple[ServerSettings, str]:
         device=args.device,
         tensor_content_outputs=args.tensor_content_outputs,
         drain_seconds=args.drain_seconds,
+        serving_processes=args.serving_processes,
+        process_group_size=args.process_group_size,
     )
     return settings, args.log_level
 
@@ -274,6 +288,10 @@ def main(argv: list[str] | None = None) -> None:
     settings, log_level = parse_settings(argv)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if settings.serving_processes > 1:
+        from server.supervisor import supervise  # no TensorFlow in the supervisor
+
+        sys.exit(supervise(settings, sys.argv[1:] if argv is None else argv))
     from server.app import run  # imports TensorFlow
 
     sys.exit(run(settings))

@@ -190,7 +190,14 @@ class RestServer:
     """The aiohttp server on ``--rest_api_port``, started on the running event loop."""
 
     def __init__(
-        self, core: ServingCore, port: int, address: str, max_body_bytes: int, timeout_s: float, drain_s: float
+        self,
+        core: ServingCore,
+        port: int,
+        address: str,
+        max_body_bytes: int,
+        timeout_s: float,
+        drain_s: float,
+        reuse_port: bool = False,
     ):
         from server import rest_tfserving, rest_v2
 
@@ -202,6 +209,7 @@ class RestServer:
         app.router.add_route("*", "/{tail:.*}", self.rest.endpoint("rest:unknown", _unknown_path))
         self.app = app
         self.drain_s = drain_s
+        self.reuse_port = reuse_port  # one of several serving processes on the same port
         self.runner: web.AppRunner | None = None
 
     async def start(self) -> None:
@@ -211,7 +219,7 @@ class RestServer:
             self.app, auto_decompress=False, access_log=None, handle_signals=False, shutdown_timeout=self.drain_s
         )
         await self.runner.setup()
-        site = web.TCPSite(self.runner, self.address, self.port, reuse_port=False)
+        site = web.TCPSite(self.runner, self.address, self.port, reuse_port=self.reuse_port)
         try:
             await site.start()
         except OSError:

@@ -80,6 +80,11 @@ class ServerSettings:
     device: str = "cpu"
     # Answer Predict outputs in tensor_content instead of TensorFlow Serving's typed *_val fields.
     tensor_content_outputs: bool = False
+    # Processes serving the same ports (SO_REUSEPORT; the kernel spreads connections), each with its own copy of
+    # the models and its own event loop: more throughput from more cores, for more memory. 1: this process serves.
+    serving_processes: int = 1
+    # Set by the supervisor of several serving processes on each of them (not a user setting): the group's size.
+    process_group_size: int = 1
     # On SIGTERM/SIGINT: how long in-flight calls may take to finish before the process exits.
     drain_seconds: float = 20.0
 

@@ -92,9 +92,15 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
 
 
 class ModelService(model_service_pb2_grpc.ModelServiceServicer):
-    def __init__(self, core: ServingCore, reload_config: Callable[[list[ModelSpec]], Awaitable[list[str]]]):
+    def __init__(
+        self,
+        core: ServingCore,
+        reload_config: Callable[[list[ModelSpec]], Awaitable[list[str]]],
+        process_group_size: int = 1,
+    ):
         self.core = core
         self.reload_config = reload_config
+        self.process_group_size = process_group_size
 
     @rpc
     async def GetModelStatus(self, request: get_model_status_pb2.GetModelStatusRequest, context):
@@ -113,6 +119,12 @@ class ModelService(model_service_pb2_grpc.ModelServiceServicer):
 
     @rpc
     async def HandleReloadConfigRequest(self, request: model_management_pb2.ReloadConfigRequest, context):
+        if self.process_group_size > 1:  # this call would reach one process of the group only
+            raise FailedPrecondition(
+                f"HandleReloadConfigRequest reaches one of {self.process_group_size} serving processes "
+                f"(--serving_processes): change the models through --model_config_file, which every process re-reads "
+                f"every --model_config_file_poll_wait_seconds"
+            )
         specs = specs_from_proto(request.config, "ReloadConfigRequest.config")
         problems = await self.reload_config(specs)
         if problems:

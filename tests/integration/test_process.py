@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import shutil
 import signal
 import subprocess
@@ -34,7 +35,12 @@ def test_help_documents_every_flag():
     script = Path(sys.executable).parent / "servex"
     out = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    flags = [opt for action in build_parser()._actions for opt in action.option_strings if opt.startswith("--")]
+    flags = [
+        opt
+        for action in build_parser()._actions
+        for opt in action.option_strings
+        if opt.startswith("--") and action.help != argparse.SUPPRESS  # internal: set by the supervisor
+    ]
     for flag in ["--port", "--model_name", "--model_base_path", "--rest_api_port", "--metrics_port"]:
         assert flag in flags
     for flag in flags:

@@ -1,0 +1,127 @@
+"""--serving_processes: several serving processes share servex's ports, /metrics adds them up, SIGTERM drains
+them all, one that dies stops the group, and what would reach one process only is refused."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow_serving.apis import (
+    model_management_pb2,
+    model_service_pb2_grpc,
+    predict_pb2,
+    prediction_service_pb2_grpc,
+)
+
+from tests.conftest import HALF_PLUS_TWO_TF1
+from tests.integration.daemon import Daemon, metric, run_to_exit
+
+CONNECTIONS = 16
+
+
+def _children(pid: int) -> list[int]:
+    return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def _established_on(pid: int, port: int) -> int:
+    """Established TCP connections that process ``pid`` holds on local port ``port`` (from /proc)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            local_port = int(fields[1].rsplit(":", 1)[1], 16)
+            if local_port == port and fields[3] == "01" and fields[9] in inodes:
+                count += 1
+    return count
+
+
+def _predict(channel, x: list[float]) -> list[float]:
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = "half"
+    request.inputs["x"].CopyFrom(tf.make_tensor_proto(np.array(x, np.float32).reshape(-1, 1)))
+    reply = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(request, timeout=30)
+    return tf.make_ndarray(reply.outputs["y"]).ravel().tolist()
+
+
+@pytest.fixture(scope="module")
+def group(tmp_path_factory):
+    daemon = Daemon(
+        [f"--model_base_path={HALF_PLUS_TWO_TF1}", "--model_name=half", "--serving_processes=2"],
+        tmp_path_factory.mktemp("group"),
+    )
+    yield daemon.wait_serving()
+    daemon.stop()
+
+
+def test_both_processes_serve_the_port_and_metrics_add_up(group):
+    children = _children(group.proc.pid)
+    assert len(children) == 2
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and group.log().count("servex ready") < 2:
+        time.sleep(0.2)  # until both processes serve
+    assert group.log().count("servex ready") == 2, group.log()
+    channels = [
+        grpc.insecure_channel(group.address, options=[("grpc.use_local_subchannel_pool", 1)])
+        for _ in range(CONNECTIONS)
+    ]  # one TCP connection each
+    try:
+        for i, channel in enumerate(channels):
+            assert _predict(channel, [i, 2 * i]) == [0.5 * i + 2, i + 2]
+        per_process = [_established_on(pid, group.port) for pid in children]
+        assert sum(per_process) >= CONNECTIONS and all(n > 0 for n in per_process), per_process
+    finally:
+        for channel in channels:
+            channel.close()
+    assert metric(group, "servex_requests_total", method="Predict", model="half", code="OK") == CONNECTIONS
+
+
+def test_reload_by_rpc_is_refused_in_a_group(group):
+    stub = model_service_pb2_grpc.ModelServiceStub(group.channel)
+    with pytest.raises(grpc.RpcError) as info:
+        stub.HandleReloadConfigRequest(model_management_pb2.ReloadConfigRequest(), timeout=30)
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "one of 2 serving processes" in info.value.details() and "--model_config_file" in info.value.details()
+    assert _predict(group.channel, [4.0]) == [4.0]
+
+
+def test_the_admin_api_needs_a_single_process():
+    result = run_to_exit(["--serving_processes=2", "--admin_port=0", "--admin_token_file=/dev/null"])
+    assert result.returncode == 2
+    assert "needs --serving_processes=1" in result.stderr
+
+
+def test_sigterm_drains_every_process(tmp_path):
+    daemon = Daemon([f"--model_base_path={HALF_PLUS_TWO_TF1}", "--model_name=half", "--serving_processes=2"], tmp_path)
+    daemon.wait_serving()
+    children = _children(daemon.proc.pid)
+    assert _predict(daemon.channel, [2.0]) == [3.0]
+    daemon.proc.send_signal(signal.SIGTERM)
+    assert daemon.wait_exit(60) == 0
+    assert all(not Path(f"/proc/{pid}").exists() for pid in children)
+    assert daemon.log().count("servex stopped") == 2
+    daemon.stop()
+
+
+def test_a_process_that_dies_stops_the_group(tmp_path):
+    daemon = Daemon([f"--model_base_path={HALF_PLUS_TWO_TF1}", "--model_name=half", "--serving_processes=2"], tmp_path)
+    daemon.wait_serving()
+    children = _children(daemon.proc.pid)
+    os.kill(children[0], signal.SIGKILL)
+    assert daemon.wait_exit(60) != 0
+    assert "exited with -9: stopping the group" in daemon.log()
+    assert not Path(f"/proc/{children[1]}").exists() or Path(f"/proc/{children[1]}/stat").read_text().split()[2] == "Z"
+    daemon.stop()
