@@ -118,6 +118,7 @@ def daemon(tmp_path_factory, model_base):
         ],  # fmt: skip
         tmp_path_factory.mktemp("servex"),
     ).wait_serving()
+    predict(d, 1)  # the first call builds the client graph and restores variables: slow, and before any scrape
     yield d
     d.stop()
 
@@ -211,7 +212,7 @@ def prometheus(prometheus_tools, daemon, tmp_path_factory):
 @pytest.fixture(scope="module")
 def traffic(daemon, prometheus, model_base):
     """Requests at two priorities once Prometheus scrapes, then a version that fails to load (so every labelled
-    series exists); returns the number of Predicts."""
+    series exists); returns the number of Predicts, the warm-up one included."""
     predict(daemon, 15, priority=0)
     predict(daemon, 5, priority=3)
     broken = model_base / "2"
@@ -222,7 +223,7 @@ def traffic(daemon, prometheus, model_base):
         assert time.monotonic() < deadline, f"the broken version never failed to load:\n{daemon.log()}"
         time.sleep(0.2)
     predict(daemon, 1)  # still serving version 1
-    return 21
+    return 1 + 15 + 5 + 1
 
 
 def live_sample_names(daemon) -> set[str]:
