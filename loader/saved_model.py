@@ -51,14 +51,14 @@ def shape_text(shape: tuple[int | None, ...] | None) -> str:
 def shape_matches(static: tuple[int | None, ...] | None, actual: tuple[int, ...]) -> bool:
     """Whether a concrete shape fits a signature's static shape.
 
-    Rank and every dimension after the 0th must agree (None and unknown rank match anything). The 0th
+    Of the same rank, every dimension after the 0th must agree (None and unknown rank match anything). The 0th
     dimension is the batch dimension and takes any size, as TensorFlow Serving lets it: signatures exported with a
-    fixed batch (TF2's half_plus_two declares x as [1]) still serve other batch sizes.
+    fixed batch (TF2's half_plus_two declares x as [1]) still serve other batch sizes. Another rank is left to
+    TensorFlow, as TensorFlow Serving leaves it: its graphs often take it (``{"instances": [1.0, 2.0, 5.0]}`` on
+    half_plus_two's x [-1,1], TensorFlow Serving's own REST example), and an op that cannot says so when it runs.
     """
-    if static is None:
+    if static is None or len(static) != len(actual):
         return True
-    if len(static) != len(actual):
-        return False
     return all(d is None or d == a for d, a in zip(static[1:], actual[1:], strict=True))
 
 

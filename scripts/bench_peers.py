@@ -1,7 +1,7 @@
 """servex against its peers, side by side in one run: KServe v2 gRPC ModelInfer, batch-1 requests on the MLP.
 
     python scripts/bench_peers.py [--seconds 8] [--concurrency 1,8,32] [--peers_dir /tmp/servex-peers]
-                                  [--only servex,servex_batching,kserve,mlserver,echo]
+                                  [--only servex,servex_batching,servex_2proc,kserve,mlserver,echo]
 
 Uses the shared kit in ../shared/bench only (never copied): make_models.py exports the MLP, peers/setup.sh must
 have built the peer venvs (KServe's Python ModelServer, MLServer with adaptive batching 32 / 2 ms), echo_floor.py
@@ -52,6 +52,7 @@ def servers(work: Path, peers: Path) -> dict[str, callable]:
     return {
         "servex": lambda port: [*servex, f"--port={port}"],
         "servex_batching": lambda port: [*servex, f"--port={port}", "--enable_batching"],
+        "servex_2proc": lambda port: [*servex, f"--port={port}", "--enable_batching", "--serving_processes=2"],
         "kserve": lambda port: [
             str(peers / "kserve" / "bin" / "python"),
             str(KIT / "peers" / "kserve_tf.py"),
@@ -108,7 +109,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=int, default=8)
     ap.add_argument("--concurrency", default="1,8,32")
     ap.add_argument("--peers_dir", default=os.environ.get("PEERS_DIR", "/tmp/servex-peers"))
-    ap.add_argument("--only", default="servex,servex_batching,kserve,mlserver,echo")
+    ap.add_argument("--only", default="servex,servex_batching,servex_2proc,kserve,mlserver,echo")
     ap.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "servex-bench"))
     a = ap.parse_args()
     if shutil.which("h2load") is None:
@@ -129,6 +130,9 @@ def main() -> None:
                                 start_new_session=True)  # fmt: skip
         try:
             wait_ready(port, proc)
+            processes = 2 if name == "servex_2proc" else 1 if name.startswith("servex") else 0
+            while (work / f"{name}.log").read_bytes().count(b"servex ready") < processes:
+                time.sleep(0.5)  # every serving process has bound the port
             row = {}
             for c in levels:
                 r = h2load_run(port, str(frame), c, a.seconds, METHOD)

@@ -198,14 +198,33 @@ def test_dtype_mismatch(half):
         assert word in info.value.message
 
 
-@pytest.mark.parametrize("shape", [(3,), (3, 2), (3, 1, 1)])
-def test_shape_mismatch(half, shape):
+def test_shape_mismatch(half):
+    shape = (3, 2)  # same rank, another non-batch dimension
     executor = GraphExecutor(half)
     with pytest.raises(InvalidArgument) as info:
         executor.run({"x:0": np.ones(shape, np.float32)}, ["y:0"])
     assert "'x:0'" in info.value.message
     assert "[-1,1]" in info.value.message
     assert str(list(shape)) in info.value.message
+
+
+@pytest.mark.parametrize("shape", [(3,), (3, 1, 1)])
+def test_another_rank_is_left_to_tensorflow(half, shape):
+    # As TensorFlow Serving: half_plus_two's x is [-1,1], and its elementwise graph takes any shape
+    # (TensorFlow Serving's REST example sends {"instances": [1.0, 2.0, 5.0]}).
+    executor = GraphExecutor(half)
+    x = np.arange(3, dtype=np.float32).reshape(shape)
+    (y,) = executor.run({"x:0": x}, ["y:0"])
+    np.testing.assert_array_equal(y, 0.5 * x + 2)
+
+
+def test_another_rank_that_an_op_refuses_is_tensorflows_invalid_argument(sum_diff):
+    model, n = sum_diff
+    executor = GraphExecutor(model)
+    feeds = {n["a"]: np.ones((2, 2, 2), np.float32), n["b"]: np.ones(3, np.float32)}  # not broadcastable
+    with pytest.raises(ServingError) as info:
+        executor.run(feeds, [n["sum"]])
+    assert info.value.code == "INVALID_ARGUMENT" and "failed" in info.value.message
 
 
 def test_other_batch_sizes_are_accepted(half):

@@ -119,6 +119,13 @@ def test_predict_row_and_columnar(daemon, model):
     assert ok(daemon, path, named) == {"predictions": [row(2.5), row(3.5)]}
 
 
+@pytest.mark.parametrize("model", ["tf1", "tf2"])
+def test_tensorflow_serving_readme_example(daemon, model):
+    # TensorFlow Serving's own example, word for word: x is [-1,1] in TF1's export, yet a flat list serves
+    answer = ok(daemon, f"/v1/models/{model}:predict", {"instances": [1.0, 2.0, 5.0]})
+    assert answer == {"predictions": [2.5, 3.0, 4.5]}
+
+
 def test_predict_by_version_and_label(daemon):
     body = {"instances": [[2.0]]}
     assert ok(daemon, "/v1/models/two/versions/123:predict", body) == {"predictions": [[3.0]]}
@@ -194,7 +201,7 @@ BAD = [
     (PREDICT, b'{"instances": [{"x": [1.0]}, [2.0]]}', {}, 400, ["instances[1]", "object"]),
     (PREDICT, b'{"instances": [{"y": [1.0]}]}', {}, 400, ["missing ['x']", "unknown ['y']"]),
     (PREDICT, b'{"inputs": {"y": [[1.0]]}}', {}, 400, ["Missing named input(s) ['x']"]),
-    (PREDICT, b'{"instances": [1.0, 2.0]}', {}, 400, ["input 'x' expects shape [-1,1], got [2]"]),
+    (PREDICT, b'{"instances": [[1.0, 2.0]]}', {}, 400, ["input 'x' expects shape [-1,1], got [1, 2]"]),
     (PREDICT, b'{"instances": [[16777217]]}', {}, 400, ["without loss of precision"]),
     (PREDICT, b'{"signature_name": 5, "instances": [[1.0]]}', {}, 400, ["'signature_name' must be a string"]),
     (PREDICT, b'{"signature_name": "nope", "instances": [[1.0]]}', {}, 400, ["no signature 'nope'", "serving_default"]),
