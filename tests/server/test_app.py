@@ -1,0 +1,57 @@
+"""server/app.py's model loading: per-model batching parameters read from the version folder."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from executor.run_handler import BatchingOptions
+from loader.config import ModelSpec
+from loader.manager import END
+from server.app import PER_MODEL_BATCHING_FILE, make_manager
+from server.settings import ServerSettings
+from tests.conftest import HALF_PLUS_TWO_TF1
+
+
+@pytest.fixture
+def base(tmp_path):
+    shutil.copytree(HALF_PLUS_TWO_TF1 / "00000123", tmp_path / "m" / "1")
+    return tmp_path / "m"
+
+
+def _load(base, **settings):
+    manager = make_manager(ServerSettings(**settings))
+    problems = manager.apply_config([ModelSpec("m", str(base))])
+    return manager, problems
+
+
+def test_a_version_s_batching_params_file_is_its_batching(base):
+    (base / "1" / PER_MODEL_BATCHING_FILE).write_text("max_batch_size { value: 4 }\nallowed_batch_sizes: [2, 4]\n")
+    manager, problems = _load(base, enable_batching=True, enable_per_model_batching_params=True)
+    try:
+        assert problems == []
+        assert manager.get("m").servable.batching == BatchingOptions(max_batch_size=4, allowed_batch_sizes=(2, 4))
+    finally:
+        manager.unload_all()
+
+
+@pytest.mark.parametrize("flags", [{"enable_batching": True}, {"enable_per_model_batching_params": True}])
+def test_the_file_is_read_only_with_both_flags(base, flags):
+    (base / "1" / PER_MODEL_BATCHING_FILE).write_text("max_batch_size { value: 4 }\n")
+    manager, problems = _load(base, **flags)
+    try:
+        assert problems == [] and manager.get("m").servable.batching is None
+    finally:
+        manager.unload_all()
+
+
+def test_a_bad_batching_params_file_fails_the_load_naming_it(base):
+    (base / "1" / PER_MODEL_BATCHING_FILE).write_text("max_batch_size { value: 4 }\nallowed_batch_sizes: [2, 3]\n")
+    manager, problems = _load(base, enable_batching=True, enable_per_model_batching_params=True)
+    try:
+        assert len(problems) == 1
+        assert PER_MODEL_BATCHING_FILE in problems[0] and "must increase and end with max_batch_size 4" in problems[0]
+        assert [sv.state for sv in manager.statuses("m")] == [END]
+    finally:
+        manager.unload_all()
