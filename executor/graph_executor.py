@@ -107,6 +107,10 @@ class GraphExecutor:
     (signature runs, when asked) are never evicted and do not count.
     """
 
+    # This model version's own batching parameters (a RunHandler BatchingOptions, from TensorFlow Serving's
+    # per-model batching_params.pbtxt), or None: the server's.
+    batching = None
+
     def __init__(
         self,
         model: SavedModelVersion,

@@ -157,7 +157,9 @@ class RunHandler:
     def submit_batchable(self, executor, feeds: dict, fetches: Sequence[str], pin: bool, ticket: Ticket):
         """Queue ``executor.run(feeds, fetches, (), "", pin)``, which may run batched with compatible requests."""
         fetches = tuple(fetches)
-        batching = self.batching
+        # The model's own batching parameters (TensorFlow Serving's per-model batching_params.pbtxt) when it has
+        # them, else the server's; batching stays off unless the server's is on.
+        batching = self.batching and (getattr(executor, "batching", None) or self.batching)
         values = list(feeds.values())
         if batching is None or not values or any(v.ndim == 0 for v in values):
             return self._enqueue(executor.run, (feeds, fetches, (), "", pin), ticket, None, {})
@@ -167,7 +169,7 @@ class RunHandler:
         key = (id(executor), tuple(feeds), fetches, pin, tuple((v.dtype, v.shape[1:]) for v in values))
         if key in self._unbatchable:
             return self._enqueue(executor.run, (feeds, fetches, (), "", pin), ticket, None, {})
-        item_args = (executor, fetches, pin)
+        item_args = (executor, fetches, pin, batching)
         return self._enqueue(executor.run, item_args, ticket, key, feeds, rows)
 
     def _enqueue(self, fn, args, ticket: Ticket, batch_key, feeds, rows: int = 0) -> asyncio.Future:
@@ -254,7 +256,7 @@ class RunHandler:
             if item.batch_key is not None:
                 rows = item.rows
                 for other in list(queue):
-                    if other.batch_key == item.batch_key and rows + other.rows <= self.batching.max_batch_size:
+                    if other.batch_key == item.batch_key and rows + other.rows <= item.args[3].max_batch_size:
                         queue.remove(other)
                         self._dequeued(other)
                         expired = other.ticket.deadline is not None and now > other.ticket.deadline
@@ -314,11 +316,11 @@ class RunHandler:
 
     def _run_batch(self, batch: list[_Item], started: float) -> None:
         first = batch[0]
-        executor, fetches, pin = first.args
+        executor, fetches, pin, batching = first.args
         rows = [item.rows for item in batch]
         total = sum(rows)
         size = total
-        allowed = self.batching.allowed_batch_sizes
+        allowed = batching.allowed_batch_sizes
         if allowed:
             size = allowed[min(bisect.bisect_left(allowed, total), len(allowed) - 1)]
         if len(batch) == 1 and size == total:  # nothing to merge, pad or split: the caller's own run

@@ -62,14 +62,21 @@ def make_manager(settings: ServerSettings) -> ModelManager[GraphExecutor]:
             transfer=transfer,
             hooks=VariableMetrics(name, str(version)),
         )
+        try:
+            batching = per_model_batching(settings, path)  # a bad file fails the load, naming the file
+        except (OSError, InvalidArgument):
+            model.close()
+            raise
         prefetch(name, version, model, settings.prefetch_variables.get(name, ()))
-        return GraphExecutor(
+        executor = GraphExecutor(
             model,
             transfer=transfer,
             run_in_caller_thread=settings.run_in_caller_thread,
             max_entries=settings.client_graph_cache_size,
             metrics=CacheMetrics(name, str(version)),
         )
+        executor.batching = batching
+        return executor
 
     return ModelManager(
         make,
@@ -122,29 +129,46 @@ def start_admin_server(settings: ServerSettings, core: ServingCore, options, lif
 
 
 def batching_options(settings: ServerSettings) -> BatchingOptions | None:
-    """The batching settings, from TensorFlow Serving's BatchingParameters file when one is given."""
+    """The server's batching settings, from TensorFlow Serving's BatchingParameters file when one is given."""
     if not settings.enable_batching:
         return None
     if not settings.batching_parameters_file:
         return BatchingOptions()
     path = settings.batching_parameters_file
+    return parse_batching_parameters(Path(path).read_text(encoding="utf-8"), f"batching parameters file {path!r}")
+
+
+def parse_batching_parameters(text: str, where: str) -> BatchingOptions:
+    """BatchingParameters in text format (TensorFlow Serving's); InvalidArgument names ``where`` and the problem."""
     params = batching_pb2.BatchingParameters()
     try:
-        text_format.Parse(Path(path).read_text(encoding="utf-8"), params)
+        text_format.Parse(text, params)
     except text_format.ParseError as e:
-        raise InvalidArgument(f"batching parameters file {path!r} is not BatchingParameters in text format: {e}") from e
+        raise InvalidArgument(f"{where} is not BatchingParameters in text format: {e}") from e
     size = params.max_batch_size.value if params.HasField("max_batch_size") else BatchingOptions.max_batch_size
     allowed = tuple(params.allowed_batch_sizes)
     if size < 1:
-        raise InvalidArgument(f"batching parameters file {path!r}: max_batch_size must be at least 1, got {size}")
+        raise InvalidArgument(f"{where}: max_batch_size must be at least 1, got {size}")
     if allowed and (list(allowed) != sorted(set(allowed)) or allowed[-1] != size or allowed[0] < 1):
         raise InvalidArgument(
-            f"batching parameters file {path!r}: allowed_batch_sizes {list(allowed)} must increase and end with "
-            f"max_batch_size {size}"
+            f"{where}: allowed_batch_sizes {list(allowed)} must increase and end with max_batch_size {size}"
         )
     if params.HasField("pad_variable_length_inputs") and params.pad_variable_length_inputs.value:
-        log.warning("pad_variable_length_inputs is not supported: requests of other shapes batch separately")
+        log.warning("%s: pad_variable_length_inputs is not supported: requests of other shapes batch separately", where)
     return BatchingOptions(max_batch_size=size, allowed_batch_sizes=allowed)
+
+
+PER_MODEL_BATCHING_FILE = "batching_params.pbtxt"  # TensorFlow Serving's name, inside the version folder
+
+
+def per_model_batching(settings: ServerSettings, path: str) -> BatchingOptions | None:
+    """A version's own batching parameters (``--enable_per_model_batching_params``), or None."""
+    if not (settings.enable_batching and settings.enable_per_model_batching_params):
+        return None
+    file = Path(path) / PER_MODEL_BATCHING_FILE
+    if not file.is_file():
+        return None
+    return parse_batching_parameters(file.read_text(encoding="utf-8"), f"per-model batching parameters {str(file)!r}")
 
 
 def initial_specs(settings: ServerSettings) -> tuple[list[ModelSpec], str]:

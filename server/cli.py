@@ -150,6 +150,15 @@ def build_parser() -> argparse.ArgumentParser:
         "allowed_batch_sizes (padded up to); implies --enable_batching",
     )
     p.add_argument(
+        "--enable_per_model_batching_params",
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=d.enable_per_model_batching_params,
+        help="with batching on, a version folder's batching_params.pbtxt (BatchingParameters) replaces the server's "
+        "batching parameters for that model version",
+    )
+    p.add_argument(
         "--max_queued_requests",
         type=int,
         default=d.max_queued_requests,
@@ -262,6 +271,7 @@ def parse_settings(argv: list[str] | None = None) -> tuple[ServerSettings, str]:
         max_message_bytes=args.max_message_bytes,
         enable_batching=args.enable_batching or bool(args.batching_parameters_file),
         batching_parameters_file=args.batching_parameters_file,
+        enable_per_model_batching_params=args.enable_per_model_batching_params,
         max_queued_requests=args.max_queued_requests,
         priority_aging_ms=args.priority_aging_ms,
         lazy_restore=args.lazy_restore,

@@ -62,6 +62,9 @@ class ServerSettings:
     enable_batching: bool = False
     # TensorFlow Serving BatchingParameters in text format (max_batch_size, allowed_batch_sizes, ...).
     batching_parameters_file: str = ""
+    # With batching on, a version folder's batching_params.pbtxt (BatchingParameters, TensorFlow Serving's
+    # per-model file) replaces the server's batching parameters for that version.
+    enable_per_model_batching_params: bool = False
     # Requests of one model allowed to wait in the queue; beyond, RESOURCE_EXHAUSTED at once. 0: no bound.
     max_queued_requests: int = 10000
     # A waiting request's priority grows by one every this many milliseconds (0: no aging).

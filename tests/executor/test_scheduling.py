@@ -354,3 +354,32 @@ def test_priority_levels_are_forgotten_once_empty():
         assert handler._levels == {}
     finally:
         handler.close()
+
+
+class SmallBatches(Doubler):
+    """A model version with its own batching parameters (TensorFlow Serving's per-model batching_params.pbtxt)."""
+
+    batching = BatchingOptions(max_batch_size=2)
+
+
+def test_a_model_s_own_batching_parameters_replace_the_server_s():
+    handler = RunHandler(1, batching=BatchingOptions(max_batch_size=8))
+    executor = SmallBatches()
+    values = [np.full((1, 2), i, np.float32) for i in range(5)]
+    try:
+        results = _batched(handler, executor, values)
+    finally:
+        handler.close()
+    assert executor.runs == [2, 2, 1]  # the model's max_batch_size 2, not the server's 8
+    for value, result in zip(values, results, strict=True):
+        np.testing.assert_array_equal(result[0], value * 2)
+
+
+def test_a_model_s_own_batching_parameters_do_not_turn_batching_on():
+    handler = RunHandler(1)  # batching off for the server
+    executor = SmallBatches()
+    try:
+        _batched(handler, executor, [np.ones((1, 2), np.float32)] * 3)
+    finally:
+        handler.close()
+    assert executor.runs == [1, 1, 1]
