@@ -24,7 +24,7 @@ from aiohttp import web
 
 from loader.errors import InvalidArgument, ServingError
 from server import metrics
-from server.core import REQUEST, RequestInfo, ServingCore
+from server.core import REQUEST, RequestInfo, ServingCore, checked_priority
 from server.rpc import PRIORITY_METADATA, UNKNOWN_MODEL_LABEL
 
 log = logging.getLogger(__name__)
@@ -112,6 +112,10 @@ class Rest:
             except ServingError as e:
                 code = e.code
                 return error_response(e)
+            except RecursionError:  # JSON lists nested deeper than the codec walks
+                error = InvalidArgument("the request's JSON is nested too deeply: a tensor has at most a few dozen")
+                code = error.code
+                return error_response(error)
             except Exception as e:
                 code = "INTERNAL"
                 log.exception("%s failed", call.method)
@@ -131,6 +135,7 @@ class Rest:
                 priority = int(header)
             except ValueError:
                 raise InvalidArgument(f"header {PRIORITY_METADATA} must be an integer, got {header!r}") from None
+            checked_priority(priority, f"header {PRIORITY_METADATA}")
         deadline = time.monotonic() + self.timeout_s if self.timeout_s > 0 else None
         return RequestInfo(priority, deadline)
 
@@ -152,9 +157,8 @@ class Rest:
                 "INVALID_ARGUMENT",
                 415,
             )
-        if len(data) > OFFLOAD_BYTES // 16:
-            return await asyncio.get_running_loop().run_in_executor(None, inflate, data, encoding, limit)
-        return inflate(data, encoding, limit)
+        # Off the loop whatever the compressed size: a small body may inflate to the whole limit.
+        return await asyncio.get_running_loop().run_in_executor(None, inflate, data, encoding, limit)
 
 
 def too_large(what: str, limit: int) -> HttpError:

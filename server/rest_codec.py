@@ -41,7 +41,7 @@ def parse(data: bytes | memoryview, what: str = "request body") -> Any:
         error = e
     try:  # NaN / Infinity literals (TensorFlow Serving accepts them): the standard library reads them
         return json.loads(bytes(data))
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nested too deep
         pass
     raise InvalidArgument(f"JSON parse error in the {what}: {error}") from None
 
@@ -184,6 +184,10 @@ def to_array(value: Any, dtype: np.dtype, where: str, expects: str) -> np.ndarra
         if bad is None:  # integers of mixed sign beyond int64: NumPy made them floats
             raise InvalidArgument(f"{expects}: {where} holds integers out of range for {np.dtype(dtype).name}")
         raise InvalidArgument(f"{expects}: {bad[0]} is {show(bad[1])} ({type_name(bad[1])}), expected {wanted}")
+    if kind != "bool" and array.dtype.kind in "iuf" and isinstance(value, list):
+        bad = first_mismatch(value, accept, where)  # a boolean among numbers: NumPy made it 0 or 1
+        if bad is not None:
+            raise InvalidArgument(f"{expects}: {bad[0]} is {show(bad[1])} ({type_name(bad[1])}), expected {wanted}")
     if kind == "int":
         return _to_int(array, dtype, value, where, expects)
     if kind == "float":

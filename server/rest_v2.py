@@ -30,7 +30,7 @@ from aiohttp import web
 from loader.errors import FailedPrecondition, InvalidArgument, NotFound, ServingError, Unimplemented
 from server import rest_codec as codec
 from server import v2_types
-from server.core import RequestInfo
+from server.core import RequestInfo, checked_priority
 from server.rest import Call, HttpError, Rest, json_response, offload
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -141,7 +141,7 @@ async def infer(rest: Rest, request: web.Request, call: Call, info: RequestInfo)
     header = request.headers.get(HEADER_LENGTH)
     json_size = len(view)
     if header is not None:
-        if not header.strip().isdigit() or int(header) > len(view):
+        if not (header.strip().isascii() and header.strip().isdigit()) or int(header) > len(view):
             raise InvalidArgument(
                 f"header {HEADER_LENGTH} is {header!r}: expected the byte length of the JSON at the start of the "
                 f"body, at most the body's {len(view)} bytes"
@@ -183,11 +183,14 @@ def _parameters(doc: Any, info: RequestInfo) -> tuple[Any, str, bool, dict[str, 
         raise InvalidArgument(f"'id' must be a string, got {codec.type_name(request_id)}")
     params = _dict(doc.get("parameters", {}), "parameters")
     if "priority" in params:
-        info.priority = _integer(params["priority"], "parameters.priority", "larger runs first")
+        info.priority = checked_priority(
+            _integer(params["priority"], "parameters.priority", "larger runs first"), "parameters.priority"
+        )
     if "timeout" in params:
         micros = _integer(params["timeout"], "parameters.timeout", "microseconds")
-        deadline = time.monotonic() + max(micros, 0) / 1e6
-        info.deadline = deadline if info.deadline is None else min(info.deadline, deadline)
+        if micros > 0:  # 0 (Triton's default) means no timeout
+            deadline = time.monotonic() + micros / 1e6
+            info.deadline = deadline if info.deadline is None else min(info.deadline, deadline)
     binary_output = _boolean(params.get("binary_data_output", False), "parameters.binary_data_output")
     signature = params.get("signature_name", "")
     if not isinstance(signature, str):

@@ -40,6 +40,7 @@ def supervise(settings: ServerSettings, argv: list[str]) -> int:
     command = [sys.executable, "-m", "server", *argv, "--serving_processes=1", f"--process_group_size={n}",
                "--metrics_port=0"]  # fmt: skip
     stopping = False
+    children: list[subprocess.Popen] = []
 
     def stop(signum, _frame) -> None:
         nonlocal stopping
@@ -50,11 +51,13 @@ def supervise(settings: ServerSettings, argv: list[str]) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    children = [subprocess.Popen(command, env=env) for _ in range(n)]
-    log.info("supervising %d serving processes (pids %s) on port %d", n, [c.pid for c in children], settings.port)
-    metrics_server = _start_metrics(settings, metrics_dir)
+    metrics_server = None
     exit_code = 0
-    try:
+    try:  # whatever fails from here on, no serving process outlives the supervisor
+        metrics_server = _start_metrics(settings, metrics_dir)  # first: a taken port starts no process
+        for _ in range(n):
+            children.append(subprocess.Popen(command, env=env))
+        log.info("supervising %d serving processes (pids %s) on port %d", n, [c.pid for c in children], settings.port)
         while any(child.poll() is None for child in children):
             for child in children:
                 code = child.poll()
@@ -63,10 +66,16 @@ def supervise(settings: ServerSettings, argv: list[str]) -> int:
                     exit_code = code or 1
                     stop(signal.SIGTERM, None)
             time.sleep(POLL_S)
+    except OSError as e:  # e.g. the metrics port is taken
+        log.error("cannot run the serving processes: %s", e)
+        exit_code = 1
+        stop(signal.SIGTERM, None)
+        _wait_all(children, settings.drain_seconds + 10)
     finally:
         for child in children:
             if child.poll() is None:
                 child.kill()
+                child.wait()
         if metrics_server is not None:
             metrics_server.shutdown()
         shutil.rmtree(metrics_dir, ignore_errors=True)
@@ -75,6 +84,15 @@ def supervise(settings: ServerSettings, argv: list[str]) -> int:
         exit_code = next((c for c in codes if c), 0)
     log.info("serving processes exited with %s", codes)
     return exit_code
+
+
+def _wait_all(children: list[subprocess.Popen], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    for child in children:
+        try:
+            child.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
 
 
 def _start_metrics(settings: ServerSettings, metrics_dir: str):

@@ -57,12 +57,20 @@ def datatype(dtype: np.dtype) -> str:
     return name
 
 
+MAX_ELEMENTS = 2**62  # beyond, NumPy cannot even describe the shape (zero-size or not)
+
+
 def element_count(shape, tensor: str) -> int:
+    """The element count of a v2 shape; INVALID_ARGUMENT for a negative dimension or a shape too large to exist."""
     count = 1
+    described = 1  # the product of the non-zero dimensions: what NumPy must be able to index
     for dim in shape:
         if dim < 0:
             raise InvalidArgument(f"input {tensor!r}: shape {list(shape)} has a negative dimension")
         count *= dim
+        described *= max(dim, 1)
+    if described >= MAX_ELEMENTS:
+        raise InvalidArgument(f"input {tensor!r}: shape {list(shape)} is too large (at most 2^62 elements)")
     return count
 
 

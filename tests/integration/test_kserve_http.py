@@ -212,7 +212,11 @@ BAD = [
      ["classification"]),
     (HP2, infer_json([X1], parameters={"priority": "high"}), {}, 400, ["parameters.priority must be an integer"]),
     (HP2, infer_json([X1], parameters={"binary_data_output": 1}), {}, 400, ["binary_data_output must be true or"]),
-    (HP2, infer_json([X1], parameters={"timeout": 0}), {}, 504, ["deadline"]),
+    (HP2, infer_json([X1], parameters={"timeout": 1}), {}, 504, ["deadline"]),
+    (HP2, infer_json([X1], parameters={"priority": 101}), {}, 400, ["parameters.priority", "from -100 to 100"]),
+    (HP2, infer_json([{**X1, "shape": [0, 2**62, 2**62], "data": []}]), {}, 400, ["too large"]),
+    (HP2, infer_json([{**X1, "shape": [2, 1], "data": [1.0, True]}]), {}, 400, ["true", "expected a number"]),
+    (HP2, infer_json([X1]), {"Inference-Header-Content-Length": "\u00b9"}, 400, ["Inference-Header-Content-Length"]),
     (HP2, infer_json([X1], parameters={"signature_name": "nope"}), {}, 400, ["no signature 'nope'"]),
     (HP2, *binary_body([_bin([1, 1], 8)], FOUR), 400, ["binary_data_size 8 runs past the binary data", "4 bytes"]),
     (HP2, *binary_body([_bin([1, 1], 4)], FOUR + b"xx"), 400, ["2 bytes of binary data are left"]),
@@ -274,3 +278,8 @@ def test_errors_reach_tritonclient_and_daemon_keeps_serving(client, daemon):
     assert bad >= 1
     assert client.is_server_ready() and client.is_model_ready("mlp")
     assert daemon.proc.poll() is None
+
+
+def test_a_timeout_of_zero_means_none_as_in_triton(daemon):
+    status, _ = post(daemon, HP2, infer_json([X1], parameters={"timeout": 0}))
+    assert status == 200

@@ -125,3 +125,20 @@ def test_a_process_that_dies_stops_the_group(tmp_path):
     assert "exited with -9: stopping the group" in daemon.log()
     assert not Path(f"/proc/{children[1]}").exists() or Path(f"/proc/{children[1]}/stat").read_text().split()[2] == "Z"
     daemon.stop()
+
+
+def test_a_taken_metrics_port_fails_the_group_at_start_and_leaves_no_process():
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_to_exit(
+            [f"--model_base_path={HALF_PLUS_TWO_TF1}", "--model_name=half", "--serving_processes=2",
+             f"--metrics_port={port}"],
+            timeout=120,
+        )  # fmt: skip
+    assert result.returncode == 1
+    assert "cannot run the serving processes" in result.stderr and "Address already in use" in result.stderr
+    assert "supervising" not in result.stderr  # no serving process was started
