@@ -182,7 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--tensorflow_intra_op_parallelism",
         type=int,
         default=d.tensorflow_intra_op_parallelism,
-        help="TensorFlow intra-op threads (0: TensorFlow decides)",
+        help="TensorFlow intra-op threads; 1 runs each op on the run worker (parallelism comes from the workers), "
+        "0: TensorFlow decides (one per core: better for one large request at a time)",
     )
     p.add_argument(
         "--tensorflow_inter_op_parallelism",

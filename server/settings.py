@@ -73,8 +73,11 @@ class ServerSettings:
     max_message_bytes: int = 256 * 1024 * 1024
     # Worker threads that run TensorFlow (RunHandler); default: one per CPU core.
     num_run_workers: int = max(1, os.cpu_count() or 1)
-    # TensorFlow's intra-op and inter-op thread pools (0: TensorFlow picks).
-    tensorflow_intra_op_parallelism: int = 0
+    # TensorFlow's intra-op and inter-op thread pools (0: TensorFlow picks, one thread per core). Intra-op 1 runs
+    # each op on the run worker itself: parallelism comes from the workers, and a small graph's run pays no thread
+    # hand-off per op (measured: 16-62% more requests/s at one caller on the MLP). 0 favours one large request
+    # at a time.
+    tensorflow_intra_op_parallelism: int = 1
     tensorflow_inter_op_parallelism: int = 0
     # Run a graph's ops on the worker thread itself instead of handing them to TensorFlow's inter-op pool
     # (RunOptions.inter_op_thread_pool = -1): far less latency for small graphs.
