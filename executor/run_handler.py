@@ -136,7 +136,6 @@ class RunHandler:
         self._levels: dict[int, deque[_Item]] = {}
         self._queued: dict[str, int] = {}
         self._seq = itertools.count()
-        self._closed = False
         self._stopping = False
         self._outboxes: dict[asyncio.AbstractEventLoop, _Outbox] = {}
         self._metrics: dict[tuple, RunMetrics] = {}
@@ -366,7 +365,6 @@ class RunHandler:
 
     def close(self) -> None:
         """Let queued work finish, then stop the workers; later submits raise RuntimeError."""
-        self._closed = True
         with self._cond:
             self._stopping = True
             self._cond.notify_all()

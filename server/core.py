@@ -83,6 +83,17 @@ class RequestInfo:
 MIN_PRIORITY, MAX_PRIORITY = -100, 100  # bounded: priorities are scheduler levels and metric label values
 
 
+def priority_from_text(text: str, source: str) -> int:
+    """A priority sent as text (gRPC metadata, an HTTP header); INVALID_ARGUMENT naming ``source`` and the range."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise InvalidArgument(
+            f"{source} must be an integer from {MIN_PRIORITY} to {MAX_PRIORITY}, got {text!r}"
+        ) from None
+    return checked_priority(value, source)
+
+
 def checked_priority(value: int, source: str) -> int:
     """A request's priority from ``source`` (metadata, a field, a parameter); INVALID_ARGUMENT outside the range."""
     if not MIN_PRIORITY <= value <= MAX_PRIORITY:
@@ -184,13 +195,14 @@ class ServingCore:
         signature_name: str,
         inputs: Mapping[str, np.ndarray],
         output_filter: Sequence[str] = (),
+        output_filter_field: str = "output_filter",
     ) -> PredictResult:
         lease = self.lease(name, version, label)  # the version cannot unload under this run
         served = lease.served
         try:
             sig = self.signature(served, signature_name)
             feeds = self._feeds(served, sig, inputs)
-            aliases, fetches = self._fetches(served, sig, output_filter)
+            aliases, fetches = self._fetches(served, sig, output_filter, output_filter_field)
             values = await self.run_signature_tensors(lease, feeds, fetches, sig.name)
         finally:
             lease.end()
@@ -274,17 +286,18 @@ class ServingCore:
             feeds[spec.name] = value
         return feeds
 
-    def _fetches(self, served, sig: Signature, output_filter: Sequence[str]) -> tuple[Sequence[str], Sequence[str]]:
+    def _fetches(
+        self, served, sig: Signature, output_filter: Sequence[str], field: str
+    ) -> tuple[Sequence[str], Sequence[str]]:
+        """The outputs to answer (all, or those the request's ``field`` names, checked)."""
         if not output_filter:
             return sig.output_aliases, sig.output_names
         if len(set(output_filter)) != len(output_filter):
-            raise InvalidArgument(
-                f"{self._where(served, sig)}: output_filter names an output twice: {list(output_filter)}"
-            )
+            raise InvalidArgument(f"{self._where(served, sig)}: {field} names an output twice: {list(output_filter)}")
         unknown = [a for a in output_filter if a not in sig.outputs]
         if unknown:
             raise InvalidArgument(
-                f"{self._where(served, sig)}: output_filter names unknown output(s) {unknown}; "
+                f"{self._where(served, sig)}: {field} names unknown output(s) {unknown}; "
                 f"outputs are: {', '.join(sig.output_aliases)}"
             )
         return output_filter, [sig.outputs[a].name for a in output_filter]

@@ -22,9 +22,9 @@ from loader.errors import FailedPrecondition, InvalidArgument, NotFound, Serving
 from loader.manager import AVAILABLE, LOADING, UNLOADING
 from protos.inference import grpc_service_pb2 as pb
 from protos.inference import grpc_service_pb2_grpc as pb_grpc
-from server import metrics, v2_types
+from server import v2_types
 from server.core import REQUEST, RequestInfo, ServingCore, checked_priority
-from server.rpc import UNKNOWN_MODEL_LABEL, request_info, rpc
+from server.rpc import record, request_info, rpc
 
 log = logging.getLogger(__name__)
 
@@ -111,25 +111,11 @@ class KServeService(pb_grpc.GRPCInferenceServiceServicer):
             REQUEST.get().priority = checked_priority(value, "parameter 'priority'")
         inputs, raw = v2_types.decode_infer_inputs(request.inputs, request.raw_input_contents)
         requested = [out.name for out in request.outputs]
-        if requested:
-            self._check_requested(request.model_name, version, requested)
-        result = await self.core.predict(request.model_name, version, "", "", inputs, requested)
+        result = await self.core.predict(request.model_name, version, "", "", inputs, requested, "outputs")
         response = pb.ModelInferResponse(model_name=result.model_name, model_version=str(result.version))
         response.id = request.id
         v2_types.fill_infer_outputs(response, result.outputs, raw)
         return response
-
-    def _check_requested(self, name: str, version: int | None, requested: list[str]) -> None:
-        if len(set(requested)) != len(requested):
-            raise InvalidArgument(f"outputs names an output twice: {requested}")
-        served = self.core.resolve(name, version)
-        outputs = self.core.signature(served, "").output_aliases
-        unknown = [o for o in requested if o not in outputs]
-        if unknown:
-            raise InvalidArgument(
-                f"model {served.name!r} version {served.version}: requested output(s) {unknown} do not exist; "
-                f"outputs: {', '.join(outputs)}"
-            )
 
     async def ModelStreamInfer(self, request_iterator, context):
         """Each request is answered in order; a failed one answers with ``error_message`` and the stream goes on."""
@@ -149,9 +135,7 @@ class KServeService(pb_grpc.GRPCInferenceServiceServicer):
                 log.exception("ModelStreamInfer failed")
                 answer = pb.ModelStreamInferResponse(error_message=f"INTERNAL: {type(e).__name__}: {e}")
             finally:
-                model = request.model_name if self.core.is_served(request.model_name) else UNKNOWN_MODEL_LABEL
-                labels = ("ModelStreamInfer", model, info.version, info.signature, str(info.priority))
-                metrics.observe(labels, code, time.perf_counter() - start)
+                record(self.core, "ModelStreamInfer", request.model_name, info, code, start)
             yield answer
 
     # The repository extension lives on the admin port; here it says where to find it.

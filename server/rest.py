@@ -23,9 +23,8 @@ import orjson
 from aiohttp import web
 
 from loader.errors import InvalidArgument, ServingError
-from server import metrics
-from server.core import REQUEST, RequestInfo, ServingCore, checked_priority
-from server.rpc import PRIORITY_METADATA, UNKNOWN_MODEL_LABEL
+from server.core import REQUEST, RequestInfo, ServingCore, priority_from_text
+from server.rpc import PRIORITY_METADATA, record
 
 log = logging.getLogger(__name__)
 
@@ -121,9 +120,7 @@ class Rest:
                 log.exception("%s failed", call.method)
                 return error_response(ServingError(f"internal error in {call.method}: {type(e).__name__}: {e}"))
             finally:
-                model = call.model if self.core.is_served(call.model) else UNKNOWN_MODEL_LABEL
-                labels = (call.method, model, info.version, info.signature, str(info.priority))
-                metrics.observe(labels, code, time.perf_counter() - start)
+                record(self.core, call.method, call.model, info, code, start)
 
         return handle
 
@@ -131,11 +128,7 @@ class Rest:
         priority = 0
         header = request.headers.get(PRIORITY_METADATA)
         if header is not None:
-            try:
-                priority = int(header)
-            except ValueError:
-                raise InvalidArgument(f"header {PRIORITY_METADATA} must be an integer, got {header!r}") from None
-            checked_priority(priority, f"header {PRIORITY_METADATA}")
+            priority = priority_from_text(header, f"header {PRIORITY_METADATA}")
         deadline = time.monotonic() + self.timeout_s if self.timeout_s > 0 else None
         return RequestInfo(priority, deadline)
 

@@ -150,7 +150,7 @@ async def infer(rest: Rest, request: web.Request, call: Call, info: RequestInfo)
     doc = await offload(json_size, codec.parse, view[:json_size], "inference request JSON")
     request_id, signature, binary_output, filters = _parameters(doc, info)
     inputs = await offload(len(view), decode_inputs, doc, view[json_size:])
-    result = await rest.core.predict(call.model, version, "", signature, inputs, list(filters))
+    result = await rest.core.predict(call.model, version, "", signature, inputs, list(filters), "outputs")
     reply: dict[str, Any] = {"model_name": result.model_name, "model_version": str(result.version)}
     if request_id is not None:
         reply["id"] = request_id

@@ -9,9 +9,9 @@ import time
 
 import grpc
 
-from loader.errors import InvalidArgument, ServingError
+from loader.errors import ServingError
 from server import metrics
-from server.core import MAX_PRIORITY, MIN_PRIORITY, REQUEST, RequestInfo, checked_priority
+from server.core import REQUEST, RequestInfo, priority_from_text
 
 log = logging.getLogger(__name__)
 
@@ -31,14 +31,7 @@ def request_info(context) -> RequestInfo:
     priority = 0
     for key, value in context.invocation_metadata() or ():
         if key == PRIORITY_METADATA:
-            try:
-                priority = int(value)
-            except ValueError:
-                raise InvalidArgument(
-                    f"metadata {PRIORITY_METADATA} must be an integer from {MIN_PRIORITY} to {MAX_PRIORITY}, "
-                    f"got {value!r}"
-                ) from None
-            checked_priority(priority, f"metadata {PRIORITY_METADATA}")
+            priority = priority_from_text(value, f"metadata {PRIORITY_METADATA}")
     remaining = context.time_remaining()
     return RequestInfo(priority, (time.monotonic() + remaining) if remaining is not None else None)
 
@@ -68,8 +61,14 @@ def rpc(method):
             log.exception("%s failed", name)
             await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {name}: {type(e).__name__}: {e}")
         finally:
-            label = model if self.core.is_served(model) else UNKNOWN_MODEL_LABEL
-            labels = (name, label, info.version, info.signature, str(info.priority))
-            metrics.observe(labels, code, time.perf_counter() - start)
+            record(self.core, name, model, info, code, start)
 
     return wrapper
+
+
+def record(core, method: str, model: str, info: RequestInfo, code: str, start: float) -> None:
+    """Count and time one answered call (any protocol); models not served share one label, so a client cannot
+    grow the metrics with made-up names."""
+    label = model if core.is_served(model) else UNKNOWN_MODEL_LABEL
+    labels = (method, label, info.version, info.signature, str(info.priority))
+    metrics.observe(labels, code, time.perf_counter() - start)

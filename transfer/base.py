@@ -65,8 +65,6 @@ class H2DTransferExecutorFactory(ABC):
     """Makes one H2DTransferExecutor per run for one device."""
 
     device: str
-    # True where device tensors are the host arrays themselves (NumPy in, NumPy out).
-    passthrough: bool = False
 
     @abstractmethod
     def create(self) -> H2DTransferExecutor: ...

@@ -97,8 +97,7 @@ class CpuTransferExecutor(H2DTransferExecutor):
 
 
 class CpuTransferExecutorFactory(H2DTransferExecutorFactory):
-    device = "cpu"
-    passthrough = True  # device tensors are host NumPy arrays
+    device = "cpu"  # device tensors are host NumPy arrays
 
     def __init__(self, index: int = 0):
         self.device = "cpu" if index == 0 else f"cpu:{index}"

@@ -423,7 +423,7 @@ def test_variables_read_by_a_tf2_function(half_tf2):
     assert all(half_tf2.graph.get_operation_by_name(v).type == "VarHandleOp" for v in graph.variables)
 
 
-# -- a transfer step that is not a passthrough ---------------------------------------------------------------
+# -- a transfer step that copies -----------------------------------------------------------------------------
 
 
 class _CopyingExecutor(H2DTransferExecutor):
@@ -447,7 +447,6 @@ class _CopyingExecutor(H2DTransferExecutor):
 
 class _CopyingFactory(H2DTransferExecutorFactory):
     device = "copy"
-    passthrough = False
 
     def __init__(self):
         self.log: list = []

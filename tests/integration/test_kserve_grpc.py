@@ -304,7 +304,7 @@ BAD_REQUESTS = {
     "typed count": (fp32_request(values=(1.0, 2.0)), "INVALID_ARGUMENT", "fp32_contents holds 2 values, but"),
     "no values": (fp32_request(values=()), "INVALID_ARGUMENT", "fp32_contents holds 0 values, but"),
     "wrong field": (fp32_request(datatype="INT32"), "INVALID_ARGUMENT", "takes its values in int_contents"),
-    "output": (_output(fp32_request(), "z"), "INVALID_ARGUMENT", "requested output(s) ['z'] do not exist; outputs: y"),
+    "output": (_output(fp32_request(), "z"), "INVALID_ARGUMENT", "outputs names unknown output(s) ['z']; outputs"),
     "version": (_version(fp32_request(), "v1"), "INVALID_ARGUMENT", "'v1' is not a version number"),
     "unknown version": (_version(fp32_request(), "99"), "NOT_FOUND", "has no version 99"),
     "unknown model": (fp32_request(model="nope"), "NOT_FOUND", "'nope' is not served"),
