@@ -9,6 +9,7 @@ health turns SERVING. Shutdown: health NOT_SERVING, no new calls, in-flight call
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 from pathlib import Path
@@ -171,6 +172,17 @@ def per_model_batching(settings: ServerSettings, path: str) -> BatchingOptions |
     return parse_batching_parameters(file.read_text(encoding="utf-8"), f"per-model batching parameters {str(file)!r}")
 
 
+def settle_heap() -> int:
+    """Collect the garbage of start-up, then freeze what survives (TensorFlow's graphs, modules, the loaded
+    models): the cyclic collector never scans those objects again. Without this, each full collection walks
+    every one of them on the event loop: a 150 ms stall every few seconds under load (max latency 160 ms at
+    32 callers on the MLP, 15 ms with it). Objects made later (models loaded afterwards) are collected as usual.
+    Returns how many objects were frozen."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
+
+
 def initial_specs(settings: ServerSettings) -> tuple[list[ModelSpec], str]:
     """The models to serve at start, and the config file's text (empty without a config file)."""
     if settings.model_config_file:
@@ -327,6 +339,7 @@ async def serve(settings: ServerSettings) -> int:
                     tasks.append(asyncio.ensure_future(lifecycle.poll_files()))
                 if settings.model_config_file and settings.model_config_file_poll_wait_seconds > 0:
                     tasks.append(asyncio.ensure_future(lifecycle.poll_config(config_text)))
+                log.info("froze %d start-up objects out of the garbage collector's scans", settle_heap())
                 log.info("servex ready on %s, serving %s", address, ", ".join(available))
                 await stop.wait()
     except (OSError, InvalidArgument) as e:

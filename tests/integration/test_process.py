@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import signal
 import subprocess
@@ -54,6 +55,8 @@ def test_no_model_flags_serve_the_bundled_demo_model(start_daemon):
     reply = predict(daemon.channel, "demo", {"x": np.array([1.0, 2.0, 5.0], np.float32)})
     assert tf.make_ndarray(reply.outputs["y"]).tolist() == [2.5, 3.0, 4.5]
     assert reply.model_spec.version.value == 1
+    frozen = re.search(r"froze (\d+) start-up objects", daemon.log())
+    assert frozen and int(frozen.group(1)) > 10_000, daemon.log()  # TensorFlow's and the model's, out of GC scans
 
 
 def test_highest_numbered_version_loads(start_daemon, tmp_path):

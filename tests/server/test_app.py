@@ -1,15 +1,17 @@
-"""server/app.py's model loading: per-model batching parameters read from the version folder."""
+"""server/app.py: per-model batching parameters read from the version folder, and the start-up heap freeze."""
 
 from __future__ import annotations
 
+import gc
 import shutil
+import weakref
 
 import pytest
 
 from executor.run_handler import BatchingOptions
 from loader.config import ModelSpec
 from loader.manager import END
-from server.app import PER_MODEL_BATCHING_FILE, make_manager
+from server.app import PER_MODEL_BATCHING_FILE, make_manager, settle_heap
 from server.settings import ServerSettings
 from tests.conftest import HALF_PLUS_TWO_TF1
 
@@ -55,3 +57,24 @@ def test_a_bad_batching_params_file_fails_the_load_naming_it(base):
         assert [sv.state for sv in manager.statuses("m")] == [END]
     finally:
         manager.unload_all()
+
+
+class _Node:
+    pass
+
+
+def test_settle_heap_collects_start_up_garbage_then_freezes_what_survives():
+    survivor = _Node()
+    survivor.me = survivor  # a cycle, as TensorFlow's graphs are full of
+    garbage = _Node()
+    garbage.me = garbage
+    gone = weakref.ref(garbage)
+    del garbage
+    try:
+        frozen = settle_heap()
+        assert gone() is None  # collected before the freeze, not kept forever
+        assert frozen == gc.get_freeze_count() > 0
+        assert not any(o is survivor for o in gc.get_objects())  # out of every generation the collector scans
+    finally:
+        gc.unfreeze()
+    assert any(o is survivor for o in gc.get_objects())
