@@ -1,0 +1,148 @@
+"""Where servex's time goes at 32 callers: a ladder of gRPC servers, each adding one part of servex's path.
+
+    python scripts/bench_floor.py [--seconds 6] [--concurrency 1,32] [--workdir /tmp/servex-bench]
+
+Every rung answers the kit's batch-1 KServe v2 ModelInfer on the MLP over loopback, driven by the kit's h2load
+driver (h2grpc.py), one server at a time:
+- echo: the kit's do-nothing grpc.aio server (echo_floor.py), the floor of any Python gRPC server;
+- handoff: the same, but each call goes through servex's RunHandler to a worker thread and back (no TensorFlow);
+- tf: the same, and the worker runs the MLP's client graph through servex's GraphExecutor (the real run, a
+  fixed answer: no request decoding or response encoding);
+- servex: the daemon itself (decode, core, RunHandler, run, encode, metrics).
+The drop from one rung to the next is what that part costs under load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+KIT = REPO.parent / "shared" / "bench"
+sys.path.insert(0, str(REPO))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+SERVICE = "inference.GRPCInferenceService"
+
+
+def serve(mode: str, port: int, model_dir: str) -> None:
+    """One rung (handoff or tf) as a gRPC server on ``port``, until killed."""
+    import grpc
+    import numpy as np
+
+    from executor.run_handler import RunHandler, Ticket
+    from loader.config import ModelSpec
+    from protos.inference import grpc_service_pb2 as pb
+    from server.app import make_manager
+    from server.settings import ServerSettings
+
+    settings = ServerSettings()
+    answer = pb.ModelInferResponse(model_name="mlp")
+    answer.outputs.add(name="score", datatype="FP32", shape=[1, 1])
+    answer.raw_output_contents.append(np.zeros(1, np.float32).tobytes())
+    fixed = answer.SerializeToString()
+    work = lambda: fixed  # noqa: E731
+    if mode == "tf":
+        manager = make_manager(settings)  # the daemon's session options and transfer executor
+        problems = manager.apply_config([ModelSpec("mlp", model_dir)])
+        if problems:
+            sys.exit(f"cannot load {model_dir}: {problems}")
+        executor = manager.acquire("mlp").servable
+        sig = executor.model.signatures["serving_default"]
+        feeds = {sig.inputs["features"].name: np.ones((1, 64), np.float32)}
+        fetches = [sig.outputs["score"].name]
+
+        def work():
+            executor.run(feeds, fetches)
+            return fixed
+
+    handler = RunHandler(settings.num_run_workers)
+    ticket = Ticket(0, None, "mlp", ("mlp", "1", "serving_default"))
+
+    async def infer(request: bytes, context) -> bytes:
+        return await handler.submit(work, ticket=ticket)
+
+    async def main() -> None:
+        server = grpc.aio.server()
+        method = grpc.unary_unary_rpc_method_handler(infer)  # bytes in, bytes out: nothing parsed
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {"ModelInfer": method}),))
+        server.add_insecure_port(f"127.0.0.1:{port}")
+        await server.start()
+        print("ready", flush=True)
+        await server.wait_for_termination()
+
+    asyncio.run(main())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=int, default=6)
+    ap.add_argument("--concurrency", default="1,32")
+    ap.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "servex-bench"))
+    ap.add_argument("--serve", nargs=3, metavar=("MODE", "PORT", "MODEL_DIR"), help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.serve:
+        serve(a.serve[0], int(a.serve[1]), a.serve[2])
+        return
+    sys.path.insert(0, str(KIT))
+    from bench_peers import free_port, wait_ready  # the peer benchmark's helpers
+    from h2grpc import run as h2load_run  # the kit's driver
+    from loadgen import build
+
+    work = Path(a.workdir)
+    subprocess.run([sys.executable, str(KIT / "make_models.py"), str(work), "mlp"], check=True, capture_output=True)
+    payload = build("mlp", "features", [1, 64], "FP32")
+    frame = work / "infer.grpc"
+    frame.write_bytes(b"\0" + len(payload).to_bytes(4, "big") + payload)
+    model = work / "mlp"
+    rungs = {
+        "echo": lambda port: [sys.executable, str(KIT / "echo_floor.py"), str(port), "aio"],
+        "handoff": lambda port: [sys.executable, __file__, "--serve", "handoff", str(port), str(model / "1")],
+        "tf": lambda port: [sys.executable, __file__, "--serve", "tf", str(port), str(model)],
+        "servex": lambda port: [
+            sys.executable,
+            "-m",
+            "server",
+            "--model_name=mlp",
+            f"--model_base_path={model}",
+            "--rest_api_port=0",
+            "--metrics_port=0",
+            "--bind_address=127.0.0.1",
+            f"--port={port}",
+        ],  # fmt: skip
+    }
+    levels = [int(c) for c in a.concurrency.split(",")]
+    rows = {}
+    for name, command in rungs.items():
+        port = free_port()
+        proc = subprocess.Popen(command(port), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)  # fmt: skip
+        try:
+            wait_ready(port, proc)
+            time.sleep(1)
+            rows[name] = {}
+            for c in levels:
+                r = h2load_run(port, str(frame), c, a.seconds, f"/{SERVICE}/ModelInfer")
+                r["server"] = name
+                print(json.dumps(r), flush=True)
+                rows[name][c] = r
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    print()
+    print("| rung | " + " | ".join(f"c={c} req/s | c={c} mean ms" for c in levels) + " |")
+    print("| --- " * (2 * len(levels) + 1) + "|")
+    for name, row in rows.items():
+        print(f"| {name} | " + " | ".join(f"{row[c]['rps']:,.0f} | {row[c]['mean_ms']}" for c in levels) + " |")
+
+
+if __name__ == "__main__":
+    main()
