@@ -9,7 +9,9 @@ driver (h2grpc.py), one server at a time:
 - tf: the same, and the worker runs the MLP's client graph through servex's GraphExecutor (the real run, a
   fixed answer: no request decoding or response encoding);
 - servex: the daemon itself (decode, core, RunHandler, run, encode, metrics).
-The drop from one rung to the next is what that part costs under load.
+The drop from one rung to the next is what that part costs under load. Last, servex's own ModelInfer without
+gRPC: KServeService called in process by 1 and 32 concurrent coroutines, CPU time per request of the event
+loop's thread and of the whole process.
 """
 
 from __future__ import annotations
@@ -82,6 +84,57 @@ def serve(mode: str, port: int, model_dir: str) -> None:
     asyncio.run(main())
 
 
+def in_process(model_dir: str, requests: int = 5000) -> None:
+    """servex's ModelInfer without gRPC: the handler called directly, CPU per request."""
+    import numpy as np
+    from grpc_health.v1 import health
+
+    from executor.run_handler import RunHandler
+    from protos.inference import grpc_service_pb2 as pb
+    from server import kserve
+    from server.app import Lifecycle, initial_specs, make_manager
+    from server.core import ServingCore
+    from server.settings import ServerSettings
+
+    class Context:  # what the rpc wrapper reads of a call: no metadata, no deadline
+        def invocation_metadata(self):
+            return ()
+
+        def time_remaining(self):
+            return None
+
+    async def run() -> None:
+        settings = ServerSettings(model_name="mlp", model_base_path=model_dir)
+        manager = make_manager(settings)
+        handler = RunHandler(settings.num_run_workers)
+        service = kserve.KServeService(ServingCore(manager, handler, settings.pin_signature_graphs))
+        await Lifecycle(manager, health.aio.HealthServicer(), settings).apply(initial_specs(settings)[0])
+        request = pb.ModelInferRequest(model_name="mlp")
+        request.inputs.add(name="features", datatype="FP32", shape=[1, 64])
+        request.raw_input_contents.append(np.ones((1, 64), np.float32).tobytes())
+        data, context = request.SerializeToString(), Context()
+
+        async def caller(n: int) -> None:
+            for _ in range(n):
+                await service.ModelInfer(pb.ModelInferRequest.FromString(data), context)
+
+        await caller(500)  # warm: client graph built, caches filled
+        for concurrency in (1, 32):
+            wall, loop_cpu, cpu = time.perf_counter(), time.thread_time(), time.process_time()
+            await asyncio.gather(*[caller(requests // concurrency) for _ in range(concurrency)])
+            n = requests // concurrency * concurrency
+            per_request = {
+                "wall_us": time.perf_counter() - wall,
+                "loop_cpu_us": time.thread_time() - loop_cpu,
+                "process_cpu_us": time.process_time() - cpu,
+            }
+            per_request = {k: round(1e6 * v / n, 1) for k, v in per_request.items()}
+            print(json.dumps({"in_process_concurrency": concurrency, **per_request}), flush=True)
+        handler.close()
+
+    asyncio.run(run())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=int, default=6)
@@ -90,7 +143,10 @@ def main() -> None:
     ap.add_argument("--serve", nargs=3, metavar=("MODE", "PORT", "MODEL_DIR"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.serve:
-        serve(a.serve[0], int(a.serve[1]), a.serve[2])
+        if a.serve[0] == "in_process":
+            in_process(a.serve[2])
+        else:
+            serve(a.serve[0], int(a.serve[1]), a.serve[2])
         return
     sys.path.insert(0, str(KIT))
     from bench_peers import free_port, wait_ready  # the peer benchmark's helpers
@@ -142,6 +198,9 @@ def main() -> None:
     print("| --- " * (2 * len(levels) + 1) + "|")
     for name, row in rows.items():
         print(f"| {name} | " + " | ".join(f"{row[c]['rps']:,.0f} | {row[c]['mean_ms']}" for c in levels) + " |")
+    print()
+    subprocess.run([sys.executable, __file__, "--serve", "in_process", "0", str(model)], cwd=REPO, check=True,
+                   stderr=subprocess.DEVNULL)  # fmt: skip
 
 
 if __name__ == "__main__":
