@@ -5,6 +5,9 @@
 Serves the kit's MLP; h2load (Debian package nghttp2-client) keeps 32 batch-1 Predict calls in flight at the
 default priority 0, while one Python caller sends batch-1 Predict calls with `x-servex-priority: 10`, one at a
 time. Prints that caller's p50/p99 on the idle server and under the flood (goal: p99 under load at most 2x idle).
+
+``--width N`` serves instead an MLP of the same shape and names with N units per layer (exported here): with a
+large N each run, not each call, is what costs, which is the case a run scheduler can isolate.
 """
 
 from __future__ import annotations
@@ -42,6 +45,30 @@ def latencies_ms(stub, req, seconds: float, metadata) -> list[float]:
     return out
 
 
+def export_wide_mlp(path: Path, width: int) -> None:
+    """The kit's MLP (``features`` [None,64] -> 3 ReLU layers -> ``score``) with ``width`` units per layer."""
+    if (path / "saved_model.pb").exists():
+        return
+    rng = np.random.default_rng(0)
+    dims = [64, width, width, width, 1]
+    module = tf.Module()
+    module.ws = [
+        tf.Variable((rng.standard_normal((a, b)) / np.sqrt(a)).astype("float32"))
+        for a, b in zip(dims, dims[1:], strict=False)
+    ]
+    module.bs = [tf.Variable(np.zeros(b, "float32")) for b in dims[1:]]
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 64], tf.float32, name="features")])
+    def serve(features):
+        h = features
+        for i, (w, b) in enumerate(zip(module.ws, module.bs, strict=True)):
+            h = tf.matmul(h, w) + b
+            h = tf.nn.relu(h) if i < len(module.ws) - 1 else h
+        return {"score": h}
+
+    tf.saved_model.save(module, str(path), signatures={"serving_default": serve})
+
+
 def summary(values: list[float]) -> str:
     q = statistics.quantiles(values, n=100)
     return f"p50 {q[49]:.2f} ms, p99 {q[98]:.2f} ms ({len(values)} calls)"
@@ -52,16 +79,21 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=8)
     ap.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "servex-bench"))
     ap.add_argument("--servex_flag", action="append", default=[])
+    ap.add_argument("--width", type=int, default=0, help="units per layer of an MLP exported here; 0: the kit's MLP")
     a = ap.parse_args()
     work = Path(a.workdir)
     subprocess.run([sys.executable, str(KIT / "make_models.py"), str(work), "mlp"], check=True, capture_output=True)
+    model = work / "mlp"
+    if a.width:
+        model = work / f"mlp_width{a.width}"
+        export_wide_mlp(model / "1", a.width)
     req = predict_pb2.PredictRequest()
     req.model_spec.name = "mlp"
     req.inputs["features"].CopyFrom(tf.make_tensor_proto(np.random.default_rng(0).random((1, 64), np.float32)))
     payload = req.SerializeToString()
     frame = work / "predict.grpc"
     frame.write_bytes(b"\0" + struct.pack(">I", len(payload)) + payload)
-    daemon = Daemon([f"--model_base_path={work / 'mlp'}", "--model_name=mlp", *a.servex_flag], work).wait_serving()
+    daemon = Daemon([f"--model_base_path={model}", "--model_name=mlp", *a.servex_flag], work).wait_serving()
     stub = prediction_service_pb2_grpc.PredictionServiceStub(daemon.channel)
     high = (("x-servex-priority", "10"),)
     try:
@@ -76,7 +108,7 @@ def main() -> None:
         loaded = latencies_ms(stub, req, a.seconds, high)
         out = flood.communicate()[0]
         rps = next((line for line in out.splitlines() if "req/s" in line and "finished" in line), "")
-        print(f"servex flags: {' '.join(a.servex_flag) or '(none)'}")
+        print(f"model: {model.name}; servex flags: {' '.join(a.servex_flag) or '(none)'}")
         print(f"high priority, idle server:      {summary(idle)}")
         print(f"high priority, 32 low callers:   {summary(loaded)}")
         print(f"low-priority flood: {rps.strip()}")

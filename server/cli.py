@@ -177,7 +177,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=d.max_message_bytes,
         help="largest gRPC message received or sent, and largest REST body (also once decompressed), in bytes",
     )
-    p.add_argument("--num_run_workers", type=int, default=d.num_run_workers, help="worker threads that run TensorFlow")
+    p.add_argument(
+        "--num_run_workers",
+        type=int,
+        default=d.num_run_workers,
+        help="worker threads that run TensorFlow (default: CPU cores minus one, left to the event loop; at least 1)",
+    )
     p.add_argument(
         "--tensorflow_intra_op_parallelism",
         type=int,
