@@ -149,7 +149,7 @@ def main() -> None:
             serve(a.serve[0], int(a.serve[1]), a.serve[2])
         return
     sys.path.insert(0, str(KIT))
-    from bench_peers import free_port, wait_ready  # the peer benchmark's helpers
+    from bench_peers import free_port, servers, wait_ready  # the peer benchmark's helpers
     from h2grpc import run as h2load_run  # the kit's driver
     from loadgen import build
 
@@ -159,21 +159,12 @@ def main() -> None:
     frame = work / "infer.grpc"
     frame.write_bytes(b"\0" + len(payload).to_bytes(4, "big") + payload)
     model = work / "mlp"
+    peer_servers = servers(work, Path(tempfile.gettempdir()))  # the peer benchmark's echo and servex commands
     rungs = {
-        "echo": lambda port: [sys.executable, str(KIT / "echo_floor.py"), str(port), "aio"],
+        "echo": peer_servers["echo"],
         "handoff": lambda port: [sys.executable, __file__, "--serve", "handoff", str(port), str(model / "1")],
         "tf": lambda port: [sys.executable, __file__, "--serve", "tf", str(port), str(model)],
-        "servex": lambda port: [
-            sys.executable,
-            "-m",
-            "server",
-            "--model_name=mlp",
-            f"--model_base_path={model}",
-            "--rest_api_port=0",
-            "--metrics_port=0",
-            "--bind_address=127.0.0.1",
-            f"--port={port}",
-        ],  # fmt: skip
+        "servex": peer_servers["servex"],
     }
     levels = [int(c) for c in a.concurrency.split(",")]
     rows = {}

@@ -22,7 +22,7 @@ from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 from tests.conftest import HALF_PLUS_TWO_TF2
 from tests.deploy.conftest import DASHBOARD, DEPLOY, KUBERNETES, RULES, RULES_TEST
-from tests.integration.daemon import Daemon, free_port, metric
+from tests.integration.daemon import Daemon, free_port, metric, terminate
 
 MODEL = "hpt"
 METRIC_NAME = re.compile(r"(?<![\w:])(servex_[a-zA-Z0-9_]+)(?![\w:])")
@@ -189,12 +189,7 @@ class Prometheus:
         raise AssertionError(f"timed out waiting for {what}; last: {last}\n{self.log_path.read_text()[-3000:]}")
 
     def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        terminate(self.proc)
         self._log.close()
 
 

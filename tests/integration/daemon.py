@@ -75,15 +75,20 @@ class Daemon:
 
     def stop(self) -> int:
         self.channel.close()
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc)
         self._log.close()
         return self.proc.returncode
+
+
+def terminate(proc: subprocess.Popen, timeout: float = 30) -> None:
+    """SIGTERM ``proc`` if it still runs and wait for it; SIGKILL after ``timeout`` seconds."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def run_to_exit(args: list[str], timeout: float = START_TIMEOUT_S) -> subprocess.CompletedProcess:
