@@ -87,9 +87,12 @@ class _Outbox:
         self._results: list = []
 
     def put(self, future: asyncio.Future, ok: bool, value) -> None:
+        self.put_many([(future, ok, value)])
+
+    def put_many(self, results: list) -> None:
         with self._lock:
-            self._results.append((future, ok, value))
-            first = len(self._results) == 1
+            first = not self._results
+            self._results.extend(results)
         if first:
             try:
                 self._loop.call_soon_threadsafe(self._flush)
@@ -126,12 +129,14 @@ class RunHandler:
         max_queued_per_model: int = 0,
         aging_seconds: float = 0.1,
         batching: BatchingOptions | None = None,
+        hold_seconds: float = 0.001,
     ):
         if num_workers < 1:
             raise ValueError(f"num_workers must be at least 1, got {num_workers}")
         self.max_queued_per_model = max_queued_per_model
         self.aging_seconds = aging_seconds
         self.batching = batching
+        self.hold_seconds = hold_seconds
         self._cond = threading.Condition()
         self._levels: dict[int, deque[_Item]] = {}
         self._queued: dict[str, int] = {}
@@ -229,11 +234,12 @@ class RunHandler:
 
     # -- the workers -----------------------------------------------------------------------------------
 
-    def _take(self) -> list[_Item] | None:
-        """The next work (one item, or a batch), or None when stopping; the lock is held."""
+    def _take(self, wait: bool = True) -> list[_Item] | None:
+        """The next work (one item, or a batch); None when stopping, or when nothing waits and ``wait`` is false.
+        The lock is held."""
         while True:
             while not any(self._levels.values()):
-                if self._stopping:
+                if self._stopping or not wait:
                     return None
                 self._cond.wait()
             now = time.monotonic()
@@ -293,12 +299,17 @@ class RunHandler:
         self._metrics_for(item.ticket).queue_depth.set(left)
 
     def _work(self) -> None:
+        held = _Held(self.hold_seconds)
         while True:
             with self._cond:
-                batch = self._take()
-            if batch is None:
-                return
+                batch = self._take(wait=not held.results)
+            if batch is None:  # stopping, or (holding results) nothing waits
+                if not held.results:
+                    return
+                held.hand_back()
+                continue
             started = time.monotonic()
+            held.before(batch[0].ticket.priority, started)
             for item in batch:
                 self._metrics_for(item.ticket).queue_wait.observe(started - item.enqueued)
             if batch[0].batch_key is None:
@@ -308,12 +319,13 @@ class RunHandler:
                 except BaseException as e:  # handed to the caller, which decides what it means
                     result, ok = e, False
                 self._metrics_for(item.ticket).run_seconds.observe(time.monotonic() - started)
-                item.outbox.put(item.future, ok, result)
+                held.add(item, ok, result)
                 self._finished(item)
             else:
-                self._run_batch(batch, started)
+                self._run_batch(batch, started, held)
+            held.after(started)
 
-    def _run_batch(self, batch: list[_Item], started: float) -> None:
+    def _run_batch(self, batch: list[_Item], started: float, held: _Held) -> None:
         first = batch[0]
         executor, fetches, pin, batching = first.args
         rows = [item.rows for item in batch]
@@ -323,7 +335,7 @@ class RunHandler:
         if allowed:
             size = allowed[min(bisect.bisect_left(allowed, total), len(allowed) - 1)]
         if len(batch) == 1 and size == total:  # nothing to merge, pad or split: the caller's own run
-            self._run_alone(first, executor, fetches, pin, started)
+            self._run_alone(first, executor, fetches, pin, started, held)
             return
         feeds = {}
         for name in first.feeds:
@@ -340,7 +352,7 @@ class RunHandler:
             # Outputs without the batch dimension, or one caller's bad input that must not fail the others:
             # run each on its own.
             for item in batch:
-                self._run_alone(item, executor, fetches, pin, time.monotonic())
+                self._run_alone(item, executor, fetches, pin, time.monotonic(), held)
             return
         seconds = time.monotonic() - started
         offset = 0
@@ -348,11 +360,11 @@ class RunHandler:
             metrics = self._metrics_for(item.ticket)
             metrics.run_seconds.observe(seconds)
             metrics.batch_size.observe(len(batch))
-            item.outbox.put(item.future, True, [o[offset : offset + n] for o in outputs])
+            held.add(item, True, [o[offset : offset + n] for o in outputs])
             self._finished(item)
             offset += n
 
-    def _run_alone(self, item: _Item, executor, fetches, pin, started: float) -> None:
+    def _run_alone(self, item: _Item, executor, fetches, pin, started: float, held: _Held) -> None:
         try:
             result, ok = executor.run(item.feeds, fetches, (), "", pin), True
         except BaseException as e:
@@ -360,7 +372,7 @@ class RunHandler:
         metrics = self._metrics_for(item.ticket)
         metrics.run_seconds.observe(time.monotonic() - started)
         metrics.batch_size.observe(1)
-        item.outbox.put(item.future, ok, result)
+        held.add(item, ok, result)
         self._finished(item)
 
     def close(self) -> None:
@@ -374,3 +386,43 @@ class RunHandler:
 
 class _NotBatchable(Exception):
     pass
+
+
+class _Held:
+    """A worker's finished results not yet handed back to their event loops.
+
+    Each hand-back wakes a loop, and under load those wake-ups, not TensorFlow, are most of what a request costs.
+    So while more work waits, a worker keeps the results of short runs and hands them back together, at most
+    ``hold_seconds`` after the first. Everything goes back at once when nothing waits (a lone caller waits for
+    nothing), after a run that took ``hold_seconds`` or more, and before a run of lower priority than a held
+    result (high-priority answers never wait behind low-priority work).
+    """
+
+    def __init__(self, hold_seconds: float):
+        self.hold_seconds = hold_seconds
+        self.results: dict[_Outbox, list] = {}
+        self.since = 0.0
+        self.top = 0  # the highest priority among the held results
+
+    def add(self, item: _Item, ok: bool, value) -> None:
+        if not self.results:
+            self.since = time.monotonic()
+            self.top = item.ticket.priority
+        else:
+            self.top = max(self.top, item.ticket.priority)
+        self.results.setdefault(item.outbox, []).append((item.future, ok, value))
+
+    def before(self, priority: int, now: float) -> None:
+        """Before a run of ``priority`` starting ``now``."""
+        if self.results and (priority < self.top or now - self.since >= self.hold_seconds):
+            self.hand_back()
+
+    def after(self, started: float) -> None:
+        """After the run that began at ``started``."""
+        if self.results and time.monotonic() - started >= self.hold_seconds:
+            self.hand_back()
+
+    def hand_back(self) -> None:
+        results, self.results = self.results, {}
+        for outbox, ready in results.items():
+            outbox.put_many(ready)

@@ -275,6 +275,7 @@ async def serve(settings: ServerSettings) -> int:
         max_queued_per_model=settings.max_queued_requests,
         aging_seconds=settings.priority_aging_ms / 1000,
         batching=batching,
+        hold_seconds=settings.result_hold_micros / 1e6,
     )
     core = ServingCore(manager, run_handler, settings.pin_signature_graphs)
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
