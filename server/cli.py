@@ -176,7 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=d.result_hold_micros,
         help="while more work waits, a run worker keeps the answers of short runs for at most this long and hands "
-        "them back together (fewer event-loop wake-ups under load; never when nothing waits; 0: each at once)",
+        "them back together (fewer event-loop wake-ups under load; never when nothing waits or while requests of "
+        "several priorities arrive; 0: each at once)",
     )
     p.add_argument(
         "--max_message_bytes",

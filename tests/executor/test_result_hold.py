@@ -83,23 +83,43 @@ def test_a_lone_request_is_answered_at_once_however_long_the_hold():
         handler.close()
 
 
-def test_a_high_priority_answer_never_waits_for_a_lower_priority_run():
+def test_nothing_is_held_while_requests_of_several_priorities_arrive():
     handler = RunHandler(1, hold_seconds=60.0, aging_seconds=0)
 
     async def main():
-        blocker, release, started = _blocked(handler, Ticket(priority=9))
+        assert await asyncio.wait_for(handler.submit(lambda: "high", ticket=Ticket(priority=5)), TIMEOUT) == "high"
+        blocker, release, started = _blocked(handler)  # priority 0 now: two priorities within the last second
         await asyncio.to_thread(started.wait, TIMEOUT)
-        high_answered = threading.Event()
-        high = handler.submit(lambda: "high", ticket=Ticket(priority=5))
-        high.add_done_callback(lambda f: high_answered.set())
-        # The low-priority run finishes only once the high-priority answer reached the loop: held behind it, the
-        # high answer would never come back in time.
-        low = handler.submit(lambda: high_answered.wait(TIMEOUT), ticket=Ticket(priority=0))
+        first_answered = threading.Event()
+        first = handler.submit(lambda: "first")
+        first.add_done_callback(lambda f: first_answered.set())
+        # The second run finishes only once the first answer reached the loop: held, it would not come back in time.
+        second = handler.submit(lambda: first_answered.wait(TIMEOUT))
         release.set()
-        return await asyncio.wait_for(asyncio.gather(high, low), 2 * TIMEOUT)
+        return await asyncio.wait_for(asyncio.gather(first, second), 2 * TIMEOUT)
 
     try:
-        assert asyncio.run(main()) == ["high", True]
+        assert asyncio.run(main()) == ["first", True]
+    finally:
+        handler.close()
+
+
+def test_one_priority_is_held():
+    """The counterpart of the test above: one priority only, and the first answer waits for the second run."""
+    handler = RunHandler(1, hold_seconds=60.0)
+
+    async def main():
+        blocker, release, started = _blocked(handler)
+        await asyncio.to_thread(started.wait, TIMEOUT)
+        first_answered = threading.Event()
+        first = handler.submit(lambda: "first")
+        first.add_done_callback(lambda f: first_answered.set())
+        second = handler.submit(lambda: first_answered.wait(0.5))
+        release.set()
+        return await asyncio.wait_for(asyncio.gather(first, second), 2 * TIMEOUT)
+
+    try:
+        assert asyncio.run(main()) == ["first", False]
     finally:
         handler.close()
 
