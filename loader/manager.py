@@ -314,11 +314,16 @@ class ModelManager(Generic[S]):
         with self._lock:
             return self._lookup(name, version, label)
 
-    def _lookup(self, name: str, version: int | None, label: str) -> ServedVersion[S]:
+    def _model(self, name: str) -> _Model[S]:
+        """The model called ``name``, or NotFound naming those served; the lock is held."""
         model = self._models.get(name)
         if model is None:
             served = ", ".join(sorted(self._models)) or "none"
             raise NotFound(f"model {name!r} is not served (served models: {served})")
+        return model
+
+    def _lookup(self, name: str, version: int | None, label: str) -> ServedVersion[S]:
+        model = self._model(name)
         available = model.available()
         if label:
             if label not in model.spec.labels:
@@ -349,10 +354,7 @@ class ModelManager(Generic[S]):
     def statuses(self, name: str, version: int | None = None, label: str = "") -> list[ServedVersion[S]]:
         """Every known version of ``name`` (loading, available, failed), lowest first, or the one asked for."""
         with self._lock:
-            model = self._models.get(name)
-            if model is None:
-                served = ", ".join(sorted(self._models)) or "none"
-                raise NotFound(f"model {name!r} is not served (served models: {served})")
+            model = self._model(name)
             if label:
                 if label not in model.spec.labels:
                     labels = ", ".join(f"{k}={v}" for k, v in sorted(model.spec.labels.items())) or "none"
@@ -367,6 +369,11 @@ class ModelManager(Generic[S]):
 
     def is_served(self, name: str) -> bool:
         return name in self._models
+
+    def spec(self, name: str) -> ModelSpec:
+        """How ``name`` is configured (base path, version policy, labels)."""
+        with self._lock:
+            return self._model(name).spec
 
     def model_names(self) -> list[str]:
         return sorted(self._models)

@@ -17,19 +17,21 @@ import logging
 import time
 from importlib import metadata
 
+from google.protobuf import json_format
+
 from loader.config import ModelSpec
 from loader.errors import FailedPrecondition, InvalidArgument, NotFound, ServingError, Unimplemented
 from loader.manager import AVAILABLE, LOADING, UNLOADING
 from protos.inference import grpc_service_pb2 as pb
 from protos.inference import grpc_service_pb2_grpc as pb_grpc
-from server import v2_types
+from server import v2_config, v2_types
 from server.core import REQUEST, RequestInfo, ServingCore, checked_priority
 from server.rpc import record, request_info, rpc
+from server.v2_config import PLATFORM
 
 log = logging.getLogger(__name__)
 
 SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
-PLATFORM = "tensorflow_savedmodel"
 # What ServerMetadata lists: the repository extension (on the admin port) and request parameters (priority).
 EXTENSIONS = ("model_repository", "parameters")
 PRIORITY = "priority"
@@ -97,6 +99,13 @@ class KServeService(pb_grpc.GRPCInferenceServiceServicer):
             inputs=[_tensor_metadata(alias, spec) for alias, spec in sorted(sig.inputs.items())],
             outputs=[_tensor_metadata(alias, sig.outputs[alias]) for alias in sig.output_aliases],
         )
+
+    @rpc
+    async def ModelConfig(self, request, context):
+        if not request.name:
+            raise InvalidArgument("name is empty: name the model to ask about")
+        config = v2_config.model_config(self.core, request.name, v2_types.parse_version(request.version))
+        return pb.ModelConfigResponse(config=json_format.ParseDict(config, pb.ModelConfig()))
 
     @rpc
     async def ModelInfer(self, request, context):

@@ -3,7 +3,8 @@
 - ``GET /v2``: server metadata; ``GET /v2/health/live`` (200 while the process runs), ``GET /v2/health/ready``
   (200 while a model is available and the server is not draining, else 400).
 - ``GET /v2/models/{name}[/versions/{v}]``: model metadata (the ``serving_default`` signature's inputs and
-  outputs, v2 datatypes, -1 for unknown dimensions); ``.../ready``: 200 when that version serves, else 4xx.
+  outputs, v2 datatypes, -1 for unknown dimensions); ``.../ready``: 200 when that version serves, else 4xx;
+  ``.../config``: the model's configuration in Triton's form (server/v2_config.py).
 - ``POST .../infer``: JSON tensors ``{"name", "shape", "datatype", "data"}`` (data flat or nested) and the binary
   tensor extension: with header ``Inference-Header-Content-Length: N`` the first N bytes are the JSON and the
   rest the inputs' raw bytes, each input taking ``parameters.binary_data_size`` of them in order (fixed-size
@@ -29,12 +30,12 @@ from aiohttp import web
 
 from loader.errors import FailedPrecondition, InvalidArgument, NotFound, ServingError, Unimplemented
 from server import rest_codec as codec
-from server import v2_types
+from server import v2_config, v2_types
 from server.core import RequestInfo, checked_priority
 from server.rest import Call, HttpError, Rest, json_response, offload
+from server.v2_config import PLATFORM
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
-PLATFORM = "tensorflow_savedmodel"
 EXTENSIONS = ["binary_tensor_data", "parameters"]
 _INT64_MAX = 2**63 - 1
 
@@ -49,6 +50,7 @@ def add_routes(app: web.Application, rest: Rest) -> None:
     for base in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
         route("GET", base, "rest:v2_model_metadata", model_metadata)
         route("GET", base + "/ready", "rest:v2_model_ready", model_ready)
+        route("GET", base + "/config", "rest:v2_model_config", model_config)
         route("POST", base + "/infer", "rest:v2_infer", infer)
 
 
@@ -120,6 +122,10 @@ async def model_metadata(rest: Rest, request: web.Request, call: Call, info: Req
             }
         )
     return json_response(body)
+
+
+async def model_config(rest: Rest, request: web.Request, call: Call, info: RequestInfo) -> web.Response:
+    return json_response(codec.dumps(v2_config.model_config(rest.core, call.model, _version(request))))
 
 
 def _tensor_metadata(alias: str, spec) -> dict:

@@ -59,6 +59,11 @@ class GRPCInferenceServiceStub:
                 request_serializer=protos_dot_inference_dot_grpc__service__pb2.ModelMetadataRequest.SerializeToString,
                 response_deserializer=protos_dot_inference_dot_grpc__service__pb2.ModelMetadataResponse.FromString,
                 _registered_method=True)
+        self.ModelConfig = channel.unary_unary(
+                '/inference.GRPCInferenceService/ModelConfig',
+                request_serializer=protos_dot_inference_dot_grpc__service__pb2.ModelConfigRequest.SerializeToString,
+                response_deserializer=protos_dot_inference_dot_grpc__service__pb2.ModelConfigResponse.FromString,
+                _registered_method=True)
         self.ModelInfer = channel.unary_unary(
                 '/inference.GRPCInferenceService/ModelInfer',
                 request_serializer=protos_dot_inference_dot_grpc__service__pb2.ModelInferRequest.SerializeToString,
@@ -119,6 +124,13 @@ class GRPCInferenceServiceServicer:
 
     def ModelMetadata(self, request, context):
         """A model's versions, platform and the inputs/outputs of its serving_default signature.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ModelConfig(self, request, context):
+        """A model's configuration in Triton's shape (model_config.proto): platform, batching, inputs and outputs.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -186,6 +198,11 @@ def add_GRPCInferenceServiceServicer_to_server(servicer, server):
                     servicer.ModelMetadata,
                     request_deserializer=protos_dot_inference_dot_grpc__service__pb2.ModelMetadataRequest.FromString,
                     response_serializer=protos_dot_inference_dot_grpc__service__pb2.ModelMetadataResponse.SerializeToString,
+            ),
+            'ModelConfig': grpc.unary_unary_rpc_method_handler(
+                    servicer.ModelConfig,
+                    request_deserializer=protos_dot_inference_dot_grpc__service__pb2.ModelConfigRequest.FromString,
+                    response_serializer=protos_dot_inference_dot_grpc__service__pb2.ModelConfigResponse.SerializeToString,
             ),
             'ModelInfer': grpc.unary_unary_rpc_method_handler(
                     servicer.ModelInfer,
@@ -348,6 +365,33 @@ class GRPCInferenceService:
             '/inference.GRPCInferenceService/ModelMetadata',
             protos_dot_inference_dot_grpc__service__pb2.ModelMetadataRequest.SerializeToString,
             protos_dot_inference_dot_grpc__service__pb2.ModelMetadataResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ModelConfig(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.GRPCInferenceService/ModelConfig',
+            protos_dot_inference_dot_grpc__service__pb2.ModelConfigRequest.SerializeToString,
+            protos_dot_inference_dot_grpc__service__pb2.ModelConfigResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,191 @@
+"""Triton's model configuration (tritonclient's get_model_config) from the real daemon, over gRPC (ModelConfig,
+parsed by tritonclient's own model_config.proto) and REST (GET /v2/models/{name}/config): platform, version
+policy, inputs and outputs, and batching as Triton states it (max_batch_size > 0: dims without the batch
+dimension) with batching on and off; unknown models, bad versions and empty names answered as errors."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+import grpc
+import pytest
+import tensorflow as tf
+import tritonclient.grpc as triton
+import tritonclient.http as httpclient
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.utils import InferenceServerException
+
+from tests.conftest import HALF_PLUS_TWO_TF2, TESTDATA
+from tests.integration.daemon import Daemon
+from tests.integration.test_kserve_grpc import export_strings
+
+TWO_VERSIONS = TESTDATA / "saved_model_half_plus_two_2_versions"
+
+
+def export_sum(path):
+    """x [None,3] float32 -> doubled [None,3] and total (a scalar: no batch dimension, so never batched)."""
+
+    class Sum(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.float32, name="x")])
+        def serve(self, x):
+            return {"doubled": x * 2.0, "total": tf.reduce_sum(x)}
+
+    module = Sum()
+    tf.saved_model.save(module, str(path / "1"), signatures={"serving_default": module.serve})
+
+
+def start(tmp_path_factory, mlp_model, *flags):
+    base = tmp_path_factory.mktemp("config_models")
+    export_sum(base / "sum")
+    export_strings(base / "strings")
+    config = base / "models.config"
+    config.write_text(
+        "model_config_list {\n"
+        f'  config {{ name: "mlp" base_path: "{mlp_model}" model_platform: "tensorflow" }}\n'
+        f'  config {{ name: "sum" base_path: "{base / "sum"}" model_platform: "tensorflow" }}\n'
+        f'  config {{ name: "strings" base_path: "{base / "strings"}" model_platform: "tensorflow" }}\n'
+        f'  config {{ name: "tf2" base_path: "{HALF_PLUS_TWO_TF2}" model_platform: "tensorflow"\n'
+        "           model_version_policy { specific { versions: 123 } } }\n"
+        f'  config {{ name: "two" base_path: "{TWO_VERSIONS}" model_platform: "tensorflow"\n'
+        "           model_version_policy { all {} } }\n"
+        "}\n"
+    )
+    return Daemon([f"--model_config_file={config}", *flags], tmp_path_factory.mktemp("servex"), rest=True)
+
+
+@pytest.fixture(scope="module")
+def batching(tmp_path_factory, mlp_model):
+    params = tmp_path_factory.mktemp("batching") / "batching.pbtxt"
+    params.write_text("max_batch_size { value: 16 }\nallowed_batch_sizes: [4, 8, 16]\n")
+    daemon = start(tmp_path_factory, mlp_model, f"--batching_parameters_file={params}")
+    yield daemon.wait_serving()
+    daemon.stop()
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory, mlp_model):
+    daemon = start(tmp_path_factory, mlp_model)
+    yield daemon.wait_serving()
+    daemon.stop()
+
+
+def grpc_config(daemon: Daemon, name: str, version: str = "") -> dict:
+    with triton.InferenceServerClient(daemon.address) as client:
+        return client.get_model_config(name, version, as_json=True)["config"]
+
+
+def http_config(daemon: Daemon, name: str, version: str = "") -> dict:
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{daemon.rest_port}", network_timeout=30)
+    try:
+        return client.get_model_config(name, version)
+    finally:
+        client.close()
+
+
+MLP_BATCHED = {
+    "name": "mlp",
+    "platform": "tensorflow_savedmodel",
+    "backend": "tensorflow",
+    "version_policy": {"latest": {"num_versions": 1}},
+    "max_batch_size": 16,
+    "input": [
+        {
+            "name": "features",
+            "data_type": "TYPE_FP32",
+            "format": "FORMAT_NONE",
+            "dims": [64],
+            "is_shape_tensor": False,
+            "allow_ragged_batch": False,
+            "optional": False,
+        }
+    ],
+    "output": [
+        {"name": "score", "data_type": "TYPE_FP32", "dims": [1], "label_filename": "", "is_shape_tensor": False}
+    ],
+    "dynamic_batching": {"preferred_batch_size": [4, 8, 16], "max_queue_delay_microseconds": 0},
+}
+
+
+def test_rest_config_of_a_batched_model_is_tritons_json(batching):
+    assert http_config(batching, "mlp") == MLP_BATCHED
+    assert http_config(batching, "mlp", "1") == MLP_BATCHED
+
+
+def test_grpc_config_of_a_batched_model_parses_as_tritons_message(batching):
+    with triton.InferenceServerClient(batching.address) as client:
+        config = client.get_model_config("mlp").config  # tritonclient's own ModelConfig class, from the wire
+    assert (config.name, config.platform, config.max_batch_size) == ("mlp", "tensorflow_savedmodel", 16)
+    assert config.version_policy.latest.num_versions == 1
+    assert [(i.name, i.data_type, list(i.dims)) for i in config.input] == [("features", 11, [64])]  # 11: TYPE_FP32
+    assert [(o.name, o.data_type, list(o.dims)) for o in config.output] == [("score", 11, [1])]
+    assert list(config.dynamic_batching.preferred_batch_size) == [4, 8, 16]
+
+
+def test_outputs_without_the_batch_dimension_are_not_batched(batching):
+    config = grpc_config(batching, "sum")
+    assert config.get("max_batch_size", 0) == 0 and "dynamic_batching" not in config
+    dims = {o["name"]: [int(d) for d in o.get("dims", [])] for o in config["output"]}
+    assert dims == {"doubled": [-1, 3], "total": []}
+    assert http_config(batching, "sum")["max_batch_size"] == 0
+
+
+def test_without_batching_dims_are_whole_shapes(plain):
+    config = http_config(plain, "mlp")
+    assert config["max_batch_size"] == 0 and "dynamic_batching" not in config
+    assert [i["dims"] for i in config["input"]] == [[-1, 64]]
+    assert [o["dims"] for o in config["output"]] == [[-1, 1]]
+    assert grpc_config(plain, "mlp").get("max_batch_size", 0) == 0
+
+
+def test_version_policies_and_data_types(plain):
+    assert http_config(plain, "tf2")["version_policy"] == {"specific": {"versions": [123]}}
+    assert http_config(plain, "two")["version_policy"] == {"all": {}}
+    assert http_config(plain, "two", "123")["name"] == "two"
+    strings = http_config(plain, "strings")
+    assert [(i["name"], i["data_type"], i["dims"]) for i in strings["input"]] == [("text", "TYPE_STRING", [-1])]
+    assert sorted((o["name"], o["data_type"]) for o in strings["output"]) == [
+        ("length", "TYPE_INT32"),
+        ("upper", "TYPE_STRING"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("name", "version", "status", "words"),
+    [
+        ("nope", "", "NOT_FOUND", "model 'nope' is not served (served models: mlp, strings, sum, tf2, two)"),
+        ("tf2", "7", "NOT_FOUND", "model 'tf2' has no version 7"),
+        ("mlp", "x1", "INVALID_ARGUMENT", "'x1' is not a version number"),
+    ],
+)
+def test_grpc_errors_name_what_was_wrong(plain, name, version, status, words):
+    with triton.InferenceServerClient(plain.address) as client:
+        with pytest.raises(InferenceServerException) as info:
+            client.get_model_config(name, version)
+    assert info.value.status() == f"StatusCode.{status}"
+    assert words in info.value.message()
+
+
+def test_grpc_empty_name_is_invalid(plain):
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(plain.channel)
+    with pytest.raises(grpc.RpcError) as info:
+        stub.ModelConfig(service_pb2.ModelConfigRequest(name=""), timeout=30)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "name is empty" in info.value.details()
+
+
+@pytest.mark.parametrize(
+    ("path", "status", "words"),
+    [
+        ("/v2/models/nope/config", 404, "model 'nope' is not served"),
+        ("/v2/models/tf2/versions/7/config", 404, "model 'tf2' has no version 7"),
+        ("/v2/models/mlp/versions/x1/config", 400, "'x1' is not a version number"),
+    ],
+)
+def test_rest_errors_name_what_was_wrong(plain, path, status, words):
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(plain.rest_url + path, timeout=30)
+    assert info.value.code == status
+    assert words in json.loads(info.value.read())["error"]
+    assert http_config(plain, "mlp")["name"] == "mlp"  # and the daemon goes on serving
