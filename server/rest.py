@@ -7,7 +7,9 @@ gRPC codes, below), the ``{"error": "..."}`` body, request metrics (the same ``s
 latency histogram as gRPC, methods ``rest:*``), the call's priority (header ``x-servex-priority``, as the gRPC
 metadata) and deadline (``--rest_api_timeout_in_ms``, TensorFlow Serving's flag), and reading the body: at
 most ``--max_message_bytes`` on the wire and again after ``Content-Encoding: gzip``/``deflate`` is undone, so
-that a compressed bomb is answered 413 having inflated no more than the limit.
+that a compressed bomb is answered 413 having inflated no more than the limit. Answers of 1 KiB or more are
+compressed (deflate or gzip) when the request's ``Accept-Encoding`` allows it, as Triton does for
+tritonclient's ``response_compression_algorithm``.
 """
 
 from __future__ import annotations
@@ -75,6 +77,24 @@ def json_response(body: bytes, status: int = 200) -> web.Response:
     return web.Response(body=body, status=status, content_type=JSON)
 
 
+# Smaller answers go as they are: compressing them costs more time than it saves bytes.
+COMPRESS_MIN_BYTES = 1024
+
+
+def accepts_compression(request: web.Request) -> bool:
+    accepted = request.headers.get("Accept-Encoding", "").lower()
+    return "gzip" in accepted or "deflate" in accepted
+
+
+def compressed(response: web.StreamResponse) -> web.StreamResponse:
+    """A response not yet sent, compressed (deflate or gzip, as the request's Accept-Encoding allows, deflate
+    first) when its body is large enough; aiohttp compresses large bodies off the event loop."""
+    body = response.body if isinstance(response, web.Response) else None
+    if not response.prepared and isinstance(body, bytes | bytearray) and len(body) >= COMPRESS_MIN_BYTES:
+        response.enable_compression()  # a no-op without a matching Accept-Encoding
+    return response
+
+
 @dataclass
 class Call:
     """What a handler tells the wrapper about the call, for metrics: its method and model."""
@@ -107,7 +127,7 @@ class Rest:
             try:
                 info = self.request_info(request)
                 REQUEST.set(info)
-                return await handler(request, call, info)
+                return compressed(await handler(request, call, info))
             except ServingError as e:
                 code = e.code
                 return error_response(e)

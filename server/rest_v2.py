@@ -32,7 +32,7 @@ from loader.errors import FailedPrecondition, InvalidArgument, NotFound, Serving
 from server import rest_codec as codec
 from server import v2_config, v2_types
 from server.core import RequestInfo, checked_priority
-from server.rest import Call, HttpError, Rest, json_response, offload
+from server.rest import Call, HttpError, Rest, accepts_compression, json_response, offload
 from server.v2_config import PLATFORM
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -166,6 +166,9 @@ async def infer(rest: Rest, request: web.Request, call: Call, info: RequestInfo)
     text = codec.dumps(reply, all_finite)
     if not chunks:
         return json_response(text)
+    if accepts_compression(request):  # one body, which the endpoint wrapper compresses
+        return web.Response(body=b"".join([text, *chunks]), headers={HEADER_LENGTH: str(len(text))},
+                            content_type="application/octet-stream")  # fmt: skip
     response = web.StreamResponse(headers={HEADER_LENGTH: str(len(text))})
     response.content_type = "application/octet-stream"
     response.content_length = len(text) + sum(len(c) for c in chunks)

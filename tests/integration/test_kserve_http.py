@@ -1,8 +1,8 @@
 """KServe v2 REST on the real daemon's --rest_api_port, called with tritonclient.http (and raw HTTP for the
 malformed requests a client library would never send): health, metadata, inference on the benchmark MLP
 (compared with running the SavedModel in TensorFlow here) with JSON and binary tensors in and out, gzip and
-deflate request bodies, priorities, BYTES tensors, and bad requests (each answered with its status and a message
-naming what was wrong; the daemon keeps serving)."""
+deflate request bodies and responses, priorities, BYTES tensors, and bad requests (each answered with its status
+and a message naming what was wrong; the daemon keeps serving)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import json
 import struct
 import urllib.error
 import urllib.request
+import zlib
 
 import numpy as np
 import pytest
@@ -116,6 +117,40 @@ def test_compressed_requests(client, mlp, compression):
         "mlp", [tensor("features", x, "FP32")], model_version="1", request_compression_algorithm=compression
     )
     np.testing.assert_allclose(result.as_numpy("score"), mlp(x), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("compression", ["gzip", "deflate"])
+@pytest.mark.parametrize("binary_out", [True, False])
+def test_compressed_responses_reach_tritonclient(client, mlp, compression, binary_out):
+    x = features(600, seed=11)  # 2.4 KB of scores: large enough to be compressed
+    outputs = [httpclient.InferRequestedOutput("score", binary_data=binary_out)]
+    result = client.infer(
+        "mlp", [tensor("features", x, "FP32")], outputs=outputs, response_compression_algorithm=compression
+    )
+    np.testing.assert_allclose(result.as_numpy("score"), mlp(x), rtol=1e-5, atol=1e-6)
+
+
+def fetch(daemon, path: str, body: bytes | None, headers: dict) -> tuple[dict, bytes]:
+    request = urllib.request.Request(daemon.rest_url + path, data=body, headers=headers)
+    with urllib.request.urlopen(request, timeout=30) as response:  # urllib leaves the body as sent
+        return dict(response.headers), response.read()
+
+
+@pytest.mark.parametrize(("accept", "coding", "undo"), [("gzip", "gzip", gzip.decompress),
+                                                        ("gzip, deflate", "deflate", zlib.decompress)])  # fmt: skip
+def test_responses_are_compressed_as_accept_encoding_allows(daemon, mlp, accept, coding, undo):
+    x = features(600, seed=12)
+    doc = {"inputs": [{"name": "features", "shape": [600, 64], "datatype": "FP32", "data": x.ravel().tolist()}]}
+    headers, body = fetch(daemon, "/v2/models/mlp/infer", json.dumps(doc).encode(), {"Accept-Encoding": accept})
+    assert headers.get("Content-Encoding") == coding
+    answer = json.loads(undo(body))
+    score = np.array(answer["outputs"][0]["data"], np.float32).reshape(600, 1)
+    np.testing.assert_allclose(score, mlp(x), rtol=1e-5, atol=1e-6)
+    # Asked for nothing, sent as it is; small answers are never compressed.
+    headers, body = fetch(daemon, "/v2/models/mlp/infer", json.dumps(doc).encode(), {})
+    assert "Content-Encoding" not in headers and json.loads(body) == answer
+    headers, body = fetch(daemon, "/v2/models/mlp", None, {"Accept-Encoding": accept})
+    assert "Content-Encoding" not in headers and json.loads(body)["name"] == "mlp"
 
 
 def test_large_json_request(client, mlp):

@@ -126,6 +126,16 @@ def test_tensorflow_serving_readme_example(daemon, model):
     assert answer == {"predictions": [2.5, 3.0, 4.5]}
 
 
+def test_large_answers_are_gzipped_when_the_caller_accepts_it(daemon):
+    body = json.dumps({"instances": [[float(i)] for i in range(400)]}).encode()
+    request = urllib.request.Request(daemon.rest_url + "/v1/models/tf1:predict", data=body,
+                                     headers={"Accept-Encoding": "gzip"})  # fmt: skip
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert response.headers["Content-Encoding"] == "gzip"
+        answer = json.loads(gzip.decompress(response.read()))
+    assert answer == {"predictions": [[0.5 * i + 2] for i in range(400)]}
+
+
 def test_predict_by_version_and_label(daemon):
     body = {"instances": [[2.0]]}
     assert ok(daemon, "/v1/models/two/versions/123:predict", body) == {"predictions": [[3.0]]}
