@@ -401,8 +401,8 @@ class _Held:
     """A worker's finished results not yet handed back to their event loops.
 
     Each hand-back wakes a loop, and under load those wake-ups, not TensorFlow, are most of what a request costs.
-    So while more work waits, a worker keeps the results of short runs and hands them back together, at most
-    ``hold_seconds`` after the first. Everything goes back at once when nothing waits (a lone caller waits for
+    So while more work waits, a worker keeps the results of short runs and hands them back together, once the
+    first has waited ``hold_seconds`` (at the end of the run then in progress). Everything goes back at once when nothing waits (a lone caller waits for
     nothing) and after a run that took ``hold_seconds`` or more.
 
     Nothing is held while requests of more than one priority arrive (within ``MIXED_PRIORITY_SECONDS`` of the last
