@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from executor.statistics import statistics
 from loader.variables import VariableHooks, VariableStore
 
 LABELS = ["model", "version"]
@@ -134,6 +135,7 @@ class RunMetrics:
         self.batch_size = BATCH_SIZE.labels(*labels)
         self.queue_depth = QUEUE_DEPTH.labels(model)
         self.deadline_exceeded = DEADLINE_EXCEEDED.labels(*labels)
+        self.stats = statistics(model, version)  # Triton's per-version figures (executor/statistics.py)
         self._rejected = REJECTED.labels(*labels)
 
     def rejected(self) -> None:

@@ -320,14 +320,18 @@ class RunHandler:
             started = time.monotonic()
             held.before(started)
             for item in batch:
-                self._metrics_for(item.ticket).queue_wait.observe(started - item.enqueued)
+                metrics = self._metrics_for(item.ticket)
+                metrics.queue_wait.observe(started - item.enqueued)
+                metrics.stats.waited(started - item.enqueued)
             if batch[0].batch_key is None:
                 item = batch[0]
                 try:
                     result, ok = item.fn(*item.args), True
                 except BaseException as e:  # handed to the caller, which decides what it means
                     result, ok = e, False
-                self._metrics_for(item.ticket).run_seconds.observe(time.monotonic() - started)
+                seconds = time.monotonic() - started
+                metrics.run_seconds.observe(seconds)
+                metrics.stats.ran(1, 1, seconds)
                 held.add(item, ok, result)
                 self._finished(item)
             else:
@@ -364,6 +368,7 @@ class RunHandler:
                 self._run_alone(item, executor, fetches, pin, time.monotonic(), held)
             return
         seconds = time.monotonic() - started
+        self._metrics_for(first.ticket).stats.ran(len(batch), total, seconds)  # one graph: one model version
         offset = 0
         for item, n in zip(batch, rows, strict=True):
             metrics = self._metrics_for(item.ticket)
@@ -378,8 +383,10 @@ class RunHandler:
             result, ok = executor.run(item.feeds, fetches, (), "", pin), True
         except BaseException as e:
             result, ok = e, False
+        seconds = time.monotonic() - started
         metrics = self._metrics_for(item.ticket)
-        metrics.run_seconds.observe(time.monotonic() - started)
+        metrics.run_seconds.observe(seconds)
+        metrics.stats.ran(1, item.rows, seconds)
         metrics.batch_size.observe(1)
         held.add(item, ok, result)
         self._finished(item)
@@ -402,8 +409,8 @@ class _Held:
 
     Each hand-back wakes a loop, and under load those wake-ups, not TensorFlow, are most of what a request costs.
     So while more work waits, a worker keeps the results of short runs and hands them back together, once the
-    first has waited ``hold_seconds`` (at the end of the run then in progress). Everything goes back at once when nothing waits (a lone caller waits for
-    nothing) and after a run that took ``hold_seconds`` or more.
+    first has waited ``hold_seconds`` (at the end of the run then in progress). Everything goes back at once when
+    nothing waits (a lone caller waits for nothing) and after a run that took ``hold_seconds`` or more.
 
     Nothing is held while requests of more than one priority arrive (within ``MIXED_PRIORITY_SECONDS`` of the last
     change of priority): holding makes the workers faster than the event loop, so the backlog moves out of this

@@ -141,8 +141,13 @@ class ServingCore:
         self.manager.release(served)
 
     def lease(self, name: str, version: int | None = None, label: str = "") -> Lease:
-        """Lease the version a request names until the work that uses it ends; pair with ``Lease.end``."""
-        return Lease(self.manager, self.acquire(name, version, label))
+        """Lease the version a request names until the work that uses it ends; pair with ``Lease.end``. The
+        call's metrics and statistics name that version from here on, whatever happens next."""
+        lease = Lease(self.manager, self.acquire(name, version, label))
+        info = REQUEST.get(None)
+        if info is not None:
+            info.version = str(lease.served.version)
+        return lease
 
     @staticmethod
     def ticket(lease: Lease, what: str) -> Ticket:

@@ -24,7 +24,7 @@ from loader.errors import FailedPrecondition, InvalidArgument, NotFound, Serving
 from loader.manager import AVAILABLE, LOADING, UNLOADING
 from protos.inference import grpc_service_pb2 as pb
 from protos.inference import grpc_service_pb2_grpc as pb_grpc
-from server import v2_config, v2_types
+from server import v2_config, v2_stats, v2_types
 from server.core import REQUEST, RequestInfo, ServingCore, checked_priority
 from server.rpc import record, request_info, rpc
 from server.v2_config import PLATFORM
@@ -106,6 +106,11 @@ class KServeService(pb_grpc.GRPCInferenceServiceServicer):
             raise InvalidArgument("name is empty: name the model to ask about")
         config = v2_config.model_config(self.core, request.name, v2_types.parse_version(request.version))
         return pb.ModelConfigResponse(config=json_format.ParseDict(config, pb.ModelConfig()))
+
+    @rpc
+    async def ModelStatistics(self, request, context):
+        stats = v2_stats.model_statistics(self.core, request.name, v2_types.parse_version(request.version))
+        return json_format.ParseDict(stats, pb.ModelStatisticsResponse())
 
     @rpc
     async def ModelInfer(self, request, context):

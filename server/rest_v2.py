@@ -4,7 +4,8 @@
   (200 while a model is available and the server is not draining, else 400).
 - ``GET /v2/models/{name}[/versions/{v}]``: model metadata (the ``serving_default`` signature's inputs and
   outputs, v2 datatypes, -1 for unknown dimensions); ``.../ready``: 200 when that version serves, else 4xx;
-  ``.../config``: the model's configuration in Triton's form (server/v2_config.py).
+  ``.../config``: the model's configuration in Triton's form (server/v2_config.py); ``.../stats`` and
+  ``GET /v2/models/stats``: inference statistics as Triton counts them (server/v2_stats.py).
 - ``POST .../infer``: JSON tensors ``{"name", "shape", "datatype", "data"}`` (data flat or nested) and the binary
   tensor extension: with header ``Inference-Header-Content-Length: N`` the first N bytes are the JSON and the
   rest the inputs' raw bytes, each input taking ``parameters.binary_data_size`` of them in order (fixed-size
@@ -30,7 +31,7 @@ from aiohttp import web
 
 from loader.errors import FailedPrecondition, InvalidArgument, NotFound, ServingError, Unimplemented
 from server import rest_codec as codec
-from server import v2_config, v2_types
+from server import v2_config, v2_stats, v2_types
 from server.core import RequestInfo, checked_priority
 from server.rest import Call, HttpError, Rest, accepts_compression, json_response, offload
 from server.v2_config import PLATFORM
@@ -47,10 +48,12 @@ def add_routes(app: web.Application, rest: Rest) -> None:
     route("GET", "/v2", "rest:v2_server_metadata", server_metadata)
     route("GET", "/v2/health/live", "rest:v2_server_live", live)
     route("GET", "/v2/health/ready", "rest:v2_server_ready", ready)
+    route("GET", "/v2/models/stats", "rest:v2_model_statistics", model_statistics)  # before /v2/models/{name}
     for base in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
         route("GET", base, "rest:v2_model_metadata", model_metadata)
         route("GET", base + "/ready", "rest:v2_model_ready", model_ready)
         route("GET", base + "/config", "rest:v2_model_config", model_config)
+        route("GET", base + "/stats", "rest:v2_model_statistics", model_statistics)
         route("POST", base + "/infer", "rest:v2_infer", infer)
 
 
@@ -126,6 +129,10 @@ async def model_metadata(rest: Rest, request: web.Request, call: Call, info: Req
 
 async def model_config(rest: Rest, request: web.Request, call: Call, info: RequestInfo) -> web.Response:
     return json_response(codec.dumps(v2_config.model_config(rest.core, call.model, _version(request))))
+
+
+async def model_statistics(rest: Rest, request: web.Request, call: Call, info: RequestInfo) -> web.Response:
+    return json_response(codec.dumps(v2_stats.model_statistics(rest.core, call.model, _version(request))))
 
 
 def _tensor_metadata(alias: str, spec) -> dict:

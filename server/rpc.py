@@ -1,5 +1,6 @@
 """The wrapper every gRPC method of servex goes through: ServingErrors become the gRPC status they name, with
-their message; anything unexpected becomes INTERNAL and is logged; every call is counted and timed."""
+their message; anything unexpected becomes INTERNAL and is logged; every call is counted and timed (and, when it
+asked for a run, added to its model version's statistics)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import time
 
 import grpc
 
+from executor.statistics import statistics
 from loader.errors import ServingError
 from server import metrics
 from server.core import REQUEST, RequestInfo, priority_from_text
@@ -71,4 +73,7 @@ def record(core, method: str, model: str, info: RequestInfo, code: str, start: f
     grow the metrics with made-up names."""
     label = model if core.is_served(model) else UNKNOWN_MODEL_LABEL
     labels = (method, label, info.version, info.signature, str(info.priority))
-    metrics.observe(labels, code, time.perf_counter() - start)
+    seconds = time.perf_counter() - start
+    metrics.observe(labels, code, seconds)
+    if info.version:  # a run was asked of that version: an inference, in Triton's statistics
+        statistics(label, info.version).answered(code == "OK", seconds)

@@ -64,6 +64,11 @@ class GRPCInferenceServiceStub:
                 request_serializer=protos_dot_inference_dot_grpc__service__pb2.ModelConfigRequest.SerializeToString,
                 response_deserializer=protos_dot_inference_dot_grpc__service__pb2.ModelConfigResponse.FromString,
                 _registered_method=True)
+        self.ModelStatistics = channel.unary_unary(
+                '/inference.GRPCInferenceService/ModelStatistics',
+                request_serializer=protos_dot_inference_dot_grpc__service__pb2.ModelStatisticsRequest.SerializeToString,
+                response_deserializer=protos_dot_inference_dot_grpc__service__pb2.ModelStatisticsResponse.FromString,
+                _registered_method=True)
         self.ModelInfer = channel.unary_unary(
                 '/inference.GRPCInferenceService/ModelInfer',
                 request_serializer=protos_dot_inference_dot_grpc__service__pb2.ModelInferRequest.SerializeToString,
@@ -136,6 +141,13 @@ class GRPCInferenceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ModelStatistics(self, request, context):
+        """Inference statistics per model version, as Triton counts them (counts and nanoseconds).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ModelInfer(self, request, context):
         """One inference.
         """
@@ -203,6 +215,11 @@ def add_GRPCInferenceServiceServicer_to_server(servicer, server):
                     servicer.ModelConfig,
                     request_deserializer=protos_dot_inference_dot_grpc__service__pb2.ModelConfigRequest.FromString,
                     response_serializer=protos_dot_inference_dot_grpc__service__pb2.ModelConfigResponse.SerializeToString,
+            ),
+            'ModelStatistics': grpc.unary_unary_rpc_method_handler(
+                    servicer.ModelStatistics,
+                    request_deserializer=protos_dot_inference_dot_grpc__service__pb2.ModelStatisticsRequest.FromString,
+                    response_serializer=protos_dot_inference_dot_grpc__service__pb2.ModelStatisticsResponse.SerializeToString,
             ),
             'ModelInfer': grpc.unary_unary_rpc_method_handler(
                     servicer.ModelInfer,
@@ -392,6 +409,33 @@ class GRPCInferenceService:
             '/inference.GRPCInferenceService/ModelConfig',
             protos_dot_inference_dot_grpc__service__pb2.ModelConfigRequest.SerializeToString,
             protos_dot_inference_dot_grpc__service__pb2.ModelConfigResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ModelStatistics(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.GRPCInferenceService/ModelStatistics',
+            protos_dot_inference_dot_grpc__service__pb2.ModelStatisticsRequest.SerializeToString,
+            protos_dot_inference_dot_grpc__service__pb2.ModelStatisticsResponse.FromString,
             options,
             channel_credentials,
             insecure,

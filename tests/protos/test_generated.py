@@ -78,9 +78,9 @@ print(json.dumps({"service": service.full_name, "methods": methods, "messages": 
 """
 
 
-# Messages of Triton's model_config.proto that servex's proto holds in part: only the fields servex fills in.
+# Messages of Triton's protos that servex's holds in part: only the fields servex fills in.
 _MODEL_CONFIG_SUBSETS = {"inference.ModelConfig", "inference.ModelInput", "inference.ModelOutput",
-                         "inference.ModelDynamicBatching"}  # fmt: skip
+                         "inference.ModelDynamicBatching", "inference.ModelStatistics"}  # fmt: skip
 
 
 def test_inference_proto_is_wire_compatible_with_tritonclient():
@@ -96,7 +96,8 @@ def test_inference_proto_is_wire_compatible_with_tritonclient():
     assert servex["service"] == "inference.GRPCInferenceService"
     triton_service = triton.DESCRIPTOR.services_by_name["GRPCInferenceService"]
     assert set(servex["methods"]) == {
-        "ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelConfig", "ModelInfer",
+        "ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelConfig", "ModelStatistics",
+        "ModelInfer",
         "ModelStreamInfer", "RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload",
     }  # fmt: skip
     for name, signature in servex["methods"].items():

@@ -1,15 +1,19 @@
-"""Triton's model configuration (tritonclient's get_model_config) from the real daemon, over gRPC (ModelConfig,
-parsed by tritonclient's own model_config.proto) and REST (GET /v2/models/{name}/config): platform, version
-policy, inputs and outputs, and batching as Triton states it (max_batch_size > 0: dims without the batch
-dimension) with batching on and off; unknown models, bad versions and empty names answered as errors."""
+"""Triton's model configuration and inference statistics (tritonclient's get_model_config and
+get_inference_statistics) from the real daemon, over gRPC (ModelConfig, ModelStatistics: parsed by tritonclient's
+own messages) and REST (GET /v2/models/{name}/config, .../stats): platform, version policy, inputs and outputs,
+batching as Triton states it (max_batch_size > 0: dims without the batch dimension) with batching on and off;
+statistics counting the rows, runs, successes and failures that happened; unknown models, bad versions and empty
+names answered as errors."""
 
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 
 import grpc
+import numpy as np
 import pytest
 import tensorflow as tf
 import tritonclient.grpc as triton
@@ -152,17 +156,21 @@ def test_version_policies_and_data_types(plain):
 
 
 @pytest.mark.parametrize(
-    ("name", "version", "status", "words"),
+    ("method", "name", "version", "status", "words"),
     [
-        ("nope", "", "NOT_FOUND", "model 'nope' is not served (served models: mlp, strings, sum, tf2, two)"),
-        ("tf2", "7", "NOT_FOUND", "model 'tf2' has no version 7"),
-        ("mlp", "x1", "INVALID_ARGUMENT", "'x1' is not a version number"),
+        ("get_model_config", "nope", "", "NOT_FOUND", "model 'nope' is not served (served models: mlp, strings, sum, "
+         "tf2, two)"),
+        ("get_model_config", "tf2", "7", "NOT_FOUND", "model 'tf2' has no version 7"),
+        ("get_model_config", "mlp", "x1", "INVALID_ARGUMENT", "'x1' is not a version number"),
+        ("get_inference_statistics", "nope", "", "NOT_FOUND", "model 'nope' is not served"),
+        ("get_inference_statistics", "tf2", "7", "NOT_FOUND", "model 'tf2' has no version 7"),
+        ("get_inference_statistics", "", "1", "INVALID_ARGUMENT", "version 1 was given without a model name"),
     ],
-)
-def test_grpc_errors_name_what_was_wrong(plain, name, version, status, words):
+)  # fmt: skip
+def test_grpc_errors_name_what_was_wrong(plain, method, name, version, status, words):
     with triton.InferenceServerClient(plain.address) as client:
         with pytest.raises(InferenceServerException) as info:
-            client.get_model_config(name, version)
+            getattr(client, method)(name, version)
     assert info.value.status() == f"StatusCode.{status}"
     assert words in info.value.message()
 
@@ -189,3 +197,52 @@ def test_rest_errors_name_what_was_wrong(plain, path, status, words):
     assert info.value.code == status
     assert words in json.loads(info.value.read())["error"]
     assert http_config(plain, "mlp")["name"] == "mlp"  # and the daemon goes on serving
+
+
+# -- statistics -------------------------------------------------------------------------------------------
+
+
+def infer_mlp(client, rows: int, columns: int = 64):
+    tensor = triton.InferInput("features", [rows, columns], "FP32")
+    tensor.set_data_from_numpy(np.ones((rows, columns), np.float32))
+    return client.infer("mlp", [tensor])
+
+
+def test_statistics_count_what_ran(batching):
+    with triton.InferenceServerClient(batching.address) as client:
+        before = time.time() * 1000
+        for _ in range(5):
+            infer_mlp(client, 1)
+        infer_mlp(client, 3)
+        with pytest.raises(InferenceServerException):
+            infer_mlp(client, 1, columns=5)  # the wrong shape: an answered failure, nothing run
+        stats = client.get_inference_statistics("mlp", as_json=True)["model_stats"]
+    assert [(s["name"], s["version"]) for s in stats] == [("mlp", "1")]
+    mlp = stats[0]
+    assert before <= int(mlp["last_inference"]) <= time.time() * 1000
+    assert (int(mlp["inference_count"]), int(mlp["execution_count"])) == (8, 6)  # rows, runs
+    figures = mlp["inference_stats"]
+    for what in ("success", "queue", "compute_infer"):
+        assert int(figures[what]["count"]) == 6, what
+        assert int(figures[what]["ns"]) > 0, what
+    assert int(figures["fail"]["count"]) == 1
+    assert int(figures["success"]["ns"]) > int(figures["compute_infer"]["ns"])  # the call includes its run
+    assert [(int(b["batch_size"]), int(b["compute_infer"]["count"])) for b in mlp["batch_stats"]] == [(1, 6)]
+
+
+def test_statistics_over_rest_and_of_every_model(batching):
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{batching.rest_port}", network_timeout=30)
+    try:
+        x = httpclient.InferInput("x", [2, 3], "FP32")
+        x.set_data_from_numpy(np.ones((2, 3), np.float32))
+        client.infer("sum", [x])
+        sum_stats = client.get_inference_statistics("sum", "1")["model_stats"]
+        every = client.get_inference_statistics()["model_stats"]
+    finally:
+        client.close()
+    assert len(sum_stats) == 1
+    assert (sum_stats[0]["inference_count"], sum_stats[0]["execution_count"]) == (2, 1)
+    assert sum_stats[0]["inference_stats"]["success"]["count"] == 1
+    assert sum_stats[0]["inference_stats"]["compute_input"] == {"count": 0, "ns": 0}
+    served = {(s["name"], s["version"]) for s in every}
+    assert {("mlp", "1"), ("sum", "1"), ("strings", "1"), ("tf2", "123"), ("two", "123"), ("two", "124")} == served
