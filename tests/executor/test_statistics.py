@@ -1,0 +1,46 @@
+"""executor/statistics.py: Triton's per-version figures add up exactly, from several threads at once."""
+
+from __future__ import annotations
+
+import threading
+
+from executor.statistics import ModelStatistics, statistics
+
+
+def test_figures_add_up_from_concurrent_threads():
+    stats = ModelStatistics()
+
+    def work():
+        for _ in range(2000):
+            stats.waited(0.001)
+            stats.ran(2, 3, 0.002)  # a run of two requests, three rows
+            stats.answered(True, 0.004)
+            stats.answered(False, 0.001)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    f = stats.snapshot()
+    assert (f.inference_count, f.execution_count) == (4 * 2000 * 3, 4 * 2000)
+    assert f.queue.count == 8000 and abs(f.queue.ns - 8000 * 1_000_000) <= 8000
+    assert f.compute_infer.count == 16000  # per request: each of the run's two
+    assert abs(f.compute_infer.ns - 16000 * 2_000_000) <= 16000
+    assert (f.success.count, f.fail.count) == (8000, 8000)
+    assert list(f.batches) == [2] and f.batches[2].count == 8000
+    assert f.last_inference_ms > 0
+
+
+def test_a_snapshot_does_not_move_with_later_figures():
+    stats = ModelStatistics()
+    stats.ran(1, 1, 0.5)
+    before = stats.snapshot()
+    stats.ran(4, 4, 0.5)
+    assert (before.execution_count, list(before.batches)) == (1, [1])
+    assert stats.snapshot().execution_count == 2
+
+
+def test_one_object_per_model_version():
+    assert statistics("m", "1") is statistics("m", "1")
+    assert statistics("m", "1") is not statistics("m", "2")
