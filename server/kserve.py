@@ -2,7 +2,8 @@
 calls) over the ServingCore.
 
 Thin: decode the request with `server/v2_types.py`, call the core, encode the answer. A v2 model is a servex
-model; its tensors are the `serving_default` signature's input and output aliases. `KServeService` serves the
+model; its tensors are the `serving_default` signature's input and output aliases. Triton's ModelConfig and
+ModelStatistics are answered from what is served (server/v2_config.py, server/v2_stats.py). `KServeService` serves the
 inference methods on the main port; `RepositoryService` serves the model repository extension on the admin port
 (load: add the model to the served config; unload: take it out), and the main port answers those UNIMPLEMENTED.
 
