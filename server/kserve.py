@@ -33,8 +33,9 @@ from server.v2_config import PLATFORM
 log = logging.getLogger(__name__)
 
 SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
-# What ServerMetadata lists: the repository extension (on the admin port) and request parameters (priority).
-EXTENSIONS = ("model_repository", "parameters")
+# What ServerMetadata lists: the repository extension (on the admin port), request parameters (priority) and
+# classification outputs.
+EXTENSIONS = ("model_repository", "parameters", "classification")
 PRIORITY = "priority"
 BASE_PATH = "base_path"
 # ModelManager states -> the v2 repository index's
@@ -125,11 +126,18 @@ class KServeService(pb_grpc.GRPCInferenceServiceServicer):
             value = v2_types.priority_parameter(request.parameters[PRIORITY])
             REQUEST.get().priority = checked_priority(value, "parameter 'priority'")
         inputs, raw = v2_types.decode_infer_inputs(request.inputs, request.raw_input_contents)
-        requested = [out.name for out in request.outputs]
+        requested, classes = [], {}
+        for out in request.outputs:
+            if "shared_memory_region" in out.parameters:
+                raise Unimplemented(f"output {out.name!r}: shared memory is not supported")
+            if v2_types.CLASSIFICATION in out.parameters:
+                count = v2_types.integer_parameter(out.parameters[v2_types.CLASSIFICATION], "classification", "top N")
+                classes[out.name] = v2_types.classification_count(count, out.name)
+            requested.append(out.name)
         result = await self.core.predict(request.model_name, version, "", "", inputs, requested, "outputs")
         response = pb.ModelInferResponse(model_name=result.model_name, model_version=str(result.version))
         response.id = request.id
-        v2_types.fill_infer_outputs(response, result.outputs, raw)
+        v2_types.fill_infer_outputs(response, v2_types.classified(result.outputs, classes), raw)
         return response
 
     async def ModelStreamInfer(self, request_iterator, context):

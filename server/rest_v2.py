@@ -37,7 +37,7 @@ from server.rest import Call, HttpError, Rest, accepts_compression, json_respons
 from server.v2_config import PLATFORM
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
-EXTENSIONS = ["binary_tensor_data", "parameters"]
+EXTENSIONS = ["binary_tensor_data", "parameters", "classification"]
 _INT64_MAX = 2**63 - 1
 
 
@@ -161,15 +161,16 @@ async def infer(rest: Rest, request: web.Request, call: Call, info: RequestInfo)
             )
         json_size = int(header)
     doc = await offload(json_size, codec.parse, view[:json_size], "inference request JSON")
-    request_id, signature, binary_output, filters = _parameters(doc, info)
+    request_id, signature, binary_output, filters, classes = _parameters(doc, info)
     inputs = await offload(len(view), decode_inputs, doc, view[json_size:])
     result = await rest.core.predict(call.model, version, "", signature, inputs, list(filters), "outputs")
+    outputs = v2_types.classified(result.outputs, classes)
     reply: dict[str, Any] = {"model_name": result.model_name, "model_version": str(result.version)}
     if request_id is not None:
         reply["id"] = request_id
-    size = sum(v.nbytes for v in result.outputs.values())
+    size = sum(v.nbytes for v in outputs.values())
     chunks: list = []
-    reply["outputs"], all_finite = await offload(size, encode_outputs, result.outputs, filters, binary_output, chunks)
+    reply["outputs"], all_finite = await offload(size, encode_outputs, outputs, filters, binary_output, chunks)
     text = codec.dumps(reply, all_finite)
     if not chunks:
         return json_response(text)
@@ -187,9 +188,9 @@ async def infer(rest: Rest, request: web.Request, call: Call, info: RequestInfo)
     return response
 
 
-def _parameters(doc: Any, info: RequestInfo) -> tuple[Any, str, bool, dict[str, bool]]:
-    """The request's id, signature, binary_data_output and requested outputs (name -> binary); sets the call's
-    priority and deadline from ``parameters``."""
+def _parameters(doc: Any, info: RequestInfo) -> tuple[Any, str, bool, dict[str, bool], dict[str, int]]:
+    """The request's id, signature, binary_data_output, requested outputs (name -> binary) and classifications
+    asked (name -> top N); sets the call's priority and deadline from ``parameters``."""
     if not isinstance(doc, dict):
         raise InvalidArgument(
             f'the inference request is a JSON {codec.type_name(doc)}, expected an object {{"inputs": [...], ...}}'
@@ -215,6 +216,7 @@ def _parameters(doc: Any, info: RequestInfo) -> tuple[Any, str, bool, dict[str, 
     if not isinstance(outputs, list):
         raise InvalidArgument(f"'outputs' must be a list of {{\"name\": ...}} objects, got {codec.type_name(outputs)}")
     filters: dict[str, bool] = {}
+    classes: dict[str, int] = {}
     for i, out in enumerate(outputs):
         out = _dict(out, f"outputs[{i}]")
         name = out.get("name")
@@ -223,12 +225,13 @@ def _parameters(doc: Any, info: RequestInfo) -> tuple[Any, str, bool, dict[str, 
         if name in filters:
             raise InvalidArgument(f"output {name!r} is requested twice")
         out_params = _dict(out.get("parameters", {}), f"outputs[{i}].parameters")
-        if "classification" in out_params:
-            raise Unimplemented(f"output {name!r}: the classification extension is not supported")
+        if v2_types.CLASSIFICATION in out_params:
+            count = _integer(out_params[v2_types.CLASSIFICATION], f"outputs[{i}].parameters.classification", "top N")
+            classes[name] = v2_types.classification_count(count, name)
         if "shared_memory_region" in out_params:
             raise Unimplemented(f"output {name!r}: shared memory is not supported")
         filters[name] = _boolean(out_params.get("binary_data", binary_output), f"outputs[{i}].parameters.binary_data")
-    return request_id, signature, binary_output, filters
+    return request_id, signature, binary_output, filters, classes
 
 
 def _dict(value: Any, where: str) -> dict:

@@ -169,18 +169,61 @@ def parse_version(text: str) -> int | None:
     return int(text)
 
 
-def priority_parameter(param) -> int:
-    """The ``priority`` InferParameter as servex's priority (larger runs first). int64_param, or uint64_param
-    (what tritonclient's ``priority=`` argument sends), with the same meaning."""
+def integer_parameter(param, name: str, meaning: str) -> int:
+    """An InferParameter that must be an integer: int64_param, or uint64_param (what tritonclient sends for some)."""
     kind = param.WhichOneof("parameter_choice")
     if kind not in ("int64_param", "uint64_param"):
         raise InvalidArgument(
-            f"parameter 'priority' must be an integer (int64_param or uint64_param; larger runs first), got {kind}"
+            f"parameter {name!r} must be an integer (int64_param or uint64_param; {meaning}), got {kind}"
         )
     value = getattr(param, kind)
     if value > _INT64_MAX:
-        raise InvalidArgument(f"parameter 'priority' is {value}, more than the largest int64 {_INT64_MAX}")
+        raise InvalidArgument(f"parameter {name!r} is {value}, more than the largest int64 {_INT64_MAX}")
     return value
+
+
+def priority_parameter(param) -> int:
+    """The ``priority`` InferParameter as servex's priority (larger runs first). int64_param, or uint64_param
+    (what tritonclient's ``priority=`` argument sends), with the same meaning."""
+    return integer_parameter(param, "priority", "larger runs first")
+
+
+CLASSIFICATION = "classification"  # an output's parameter: Triton's classification extension
+
+
+def classification_count(value: int, output: str) -> int:
+    if value < 1:
+        raise InvalidArgument(
+            f"output {output!r}: parameter 'classification' is {value}; ask for at least 1 class (the top N)"
+        )
+    return value
+
+
+def classified(outputs: dict[str, np.ndarray], counts: dict[str, int]) -> dict[str, np.ndarray]:
+    """Triton's classification extension: each output named in ``counts`` replaced by its top N classes, a BYTES
+    tensor of ``"value:index"`` strings, largest value first (N at most the number of classes). Shape [classes]
+    gives [N]; [batch, classes] gives [batch, N]."""
+    if not counts:
+        return outputs
+    answer = dict(outputs)
+    for name, count in counts.items():
+        array = outputs[name]
+        if array.ndim not in (1, 2) or array.dtype.kind not in "iuf":
+            raise InvalidArgument(
+                f"output {name!r} cannot be classified: it is {array.dtype.name} of shape {list(array.shape)}; "
+                f"classification takes numbers of shape [classes] or [batch, classes]"
+            )
+        rows = array.reshape(1, -1) if array.ndim == 1 else array
+        top = np.argsort(-rows.astype(np.float64), axis=1, kind="stable")[:, : min(count, rows.shape[1])]
+        values = np.take_along_axis(rows, top, axis=1)
+        text = "{:f}:{}" if array.dtype.kind == "f" else "{}:{}"
+        strings = np.array(
+            [[text.format(v, i).encode() for v, i in zip(vs.tolist(), ix.tolist(), strict=True)]
+             for vs, ix in zip(values, top, strict=True)],
+            dtype=object,
+        ).reshape(top.shape)  # fmt: skip
+        answer[name] = strings[0] if array.ndim == 1 else strings
+    return answer
 
 
 def from_contents(contents, datatype_: str, shape, tensor: str) -> np.ndarray:

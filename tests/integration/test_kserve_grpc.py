@@ -130,7 +130,7 @@ def test_server_live_ready_and_metadata(client):
     meta = client.get_server_metadata()
     assert meta.name == "servex"
     assert meta.version
-    assert {"model_repository", "parameters"} <= set(meta.extensions)
+    assert {"model_repository", "parameters", "classification"} <= set(meta.extensions)
 
 
 def test_model_ready(client):

@@ -80,7 +80,7 @@ def test_health(client):
 
 def test_metadata(client):
     server = client.get_server_metadata()
-    assert server["name"] == "servex" and "binary_tensor_data" in server["extensions"]
+    assert server["name"] == "servex" and {"binary_tensor_data", "classification"} <= set(server["extensions"])
     assert client.get_model_metadata("mlp") == {
         "name": "mlp",
         "versions": ["1"],
@@ -243,8 +243,10 @@ BAD = [
     (HP2, infer_json([X1, X1]), {}, 400, ["input 'x' is sent twice"]),
     (HP2, infer_json([{**X1, "name": "y"}]), {}, 400, ["missing input(s) ['x']", "unknown input(s) ['y']"]),
     (HP2, infer_json([X1], outputs=[{"name": "nope"}]), {}, 400, ["unknown output(s) ['nope']", "y"]),
-    (HP2, infer_json([X1], outputs=[{"name": "y", "parameters": {"classification": 2}}]), {}, 501,
-     ["classification"]),
+    (HP2, infer_json([X1], outputs=[{"name": "y", "parameters": {"classification": 0}}]), {}, 400,
+     ["output 'y': parameter 'classification' is 0"]),
+    (HP2, infer_json([X1], outputs=[{"name": "y", "parameters": {"classification": "2"}}]), {}, 400,
+     ["outputs[0].parameters.classification must be an integer"]),
     (HP2, infer_json([X1], parameters={"priority": "high"}), {}, 400, ["parameters.priority must be an integer"]),
     (HP2, infer_json([X1], parameters={"binary_data_output": 1}), {}, 400, ["binary_data_output must be true or"]),
     (HP2, infer_json([X1], parameters={"timeout": 1}), {}, 504, ["deadline"]),

@@ -15,7 +15,7 @@ from tensorflow_serving.apis import regression_pb2
 
 from loader.errors import FailedPrecondition, InvalidArgument, Unimplemented
 from loader.saved_model import TensorSpec
-from server import rest_v2
+from server import rest_v2, v2_types
 from server.core import RequestInfo
 from server.rest_tfserving import decode_predict, encode_predict, fill_input
 
@@ -138,10 +138,11 @@ def test_parameters_priority_timeout_and_outputs():
     doc = {
         "id": "r",
         "parameters": {"priority": 9, "timeout": 5_000_000, "binary_data_output": True},
-        "outputs": [{"name": "a"}, {"name": "b", "parameters": {"binary_data": False}}],
+        "outputs": [{"name": "a"}, {"name": "b", "parameters": {"binary_data": False, "classification": 3}}],
     }
-    request_id, signature, binary, filters = rest_v2._parameters(doc, info)
+    request_id, signature, binary, filters, classes = rest_v2._parameters(doc, info)
     assert (request_id, signature, binary, filters) == ("r", "", True, {"a": True, "b": False})
+    assert classes == {"b": 3}
     assert info.priority == 9 and info.deadline is not None
     with pytest.raises(InvalidArgument, match="priority must be an integer"):
         rest_v2._parameters({"parameters": {"priority": True}}, RequestInfo())
@@ -149,6 +150,18 @@ def test_parameters_priority_timeout_and_outputs():
         rest_v2._parameters({"outputs": [{"name": "a"}, {"name": "a"}]}, RequestInfo())
     with pytest.raises(Unimplemented):
         rest_v2._parameters({"outputs": [{"name": "a", "parameters": {"shared_memory_region": "r"}}]}, RequestInfo())
+
+
+def test_classified_outputs_are_the_top_classes_per_row():
+    outputs = {"p": np.array([[0.25, 0.5, 0.125]], np.float32), "v": np.array([3, 9, 1], np.int64), "o": np.ones(2)}
+    answer = v2_types.classified(outputs, {"p": 2, "v": 5})
+    assert answer["p"].tolist() == [[b"0.500000:1", b"0.250000:0"]]
+    assert answer["v"].tolist() == [b"9:1", b"3:0", b"1:2"]  # at most the classes there are
+    assert answer["o"] is outputs["o"] and outputs["p"].dtype == np.float32  # the rest as they were
+    with pytest.raises(InvalidArgument, match="cannot be classified: it is float64 of shape"):
+        v2_types.classified({"s": np.ones((1, 2, 3))}, {"s": 1})
+    with pytest.raises(InvalidArgument, match="ask for at least 1 class"):
+        v2_types.classification_count(0, "p")
 
 
 def test_outputs_json_and_binary():
