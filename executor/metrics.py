@@ -136,6 +136,7 @@ class RunMetrics:
         self.queue_depth = QUEUE_DEPTH.labels(model)
         self.deadline_exceeded = DEADLINE_EXCEEDED.labels(*labels)
         self.stats = statistics(model, version)  # Triton's per-version figures (executor/statistics.py)
+        self.last_run = 0.0  # seconds the last run took: the RunHandler's guess of the next one's
         self._rejected = REJECTED.labels(*labels)
 
     def rejected(self) -> None:

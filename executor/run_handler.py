@@ -318,7 +318,8 @@ class RunHandler:
                 held.hand_back()
                 continue
             started = time.monotonic()
-            held.before(started)
+            kind = self._metrics_for(batch[0].ticket)  # its model, version, signature and priority
+            held.before(started, expected=kind.last_run)
             for item in batch:
                 metrics = self._metrics_for(item.ticket)
                 metrics.queue_wait.observe(started - item.enqueued)
@@ -336,6 +337,7 @@ class RunHandler:
                 self._finished(item)
             else:
                 self._run_batch(batch, started, held)
+            kind.last_run = time.monotonic() - started
             held.after(started, mixed=started < self._mixed_until)
 
     def _run_batch(self, batch: list[_Item], started: float, held: _Held) -> None:
@@ -410,7 +412,9 @@ class _Held:
     Each hand-back wakes a loop, and under load those wake-ups, not TensorFlow, are most of what a request costs.
     So while more work waits, a worker keeps the results of short runs and hands them back together, once the
     first has waited ``hold_seconds`` (at the end of the run then in progress). Everything goes back at once when
-    nothing waits (a lone caller waits for nothing) and after a run that took ``hold_seconds`` or more.
+    nothing waits (a lone caller waits for nothing), after a run that took ``hold_seconds`` or more, and before a
+    run whose last run (same model, version, signature and priority) took that long: short answers never wait
+    behind a long run.
 
     Nothing is held while requests of more than one priority arrive (within ``MIXED_PRIORITY_SECONDS`` of the last
     change of priority): holding makes the workers faster than the event loop, so the backlog moves out of this
@@ -428,9 +432,9 @@ class _Held:
             self.since = time.monotonic()
         self.results.setdefault(item.outbox, []).append((item.future, ok, value))
 
-    def before(self, now: float) -> None:
-        """Before a run starting ``now``."""
-        if self.results and now - self.since >= self.hold_seconds:
+    def before(self, now: float, expected: float) -> None:
+        """Before a run starting ``now`` that may take ``expected`` (what the last of its kind took)."""
+        if self.results and (now - self.since >= self.hold_seconds or expected >= self.hold_seconds):
             self.hand_back()
 
     def after(self, started: float, mixed: bool) -> None:

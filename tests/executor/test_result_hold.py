@@ -154,6 +154,29 @@ def test_an_answer_is_held_at_most_the_hold_time():
     assert first_answered - starts[0] < hold * 3
 
 
+def test_short_answers_never_wait_behind_a_run_known_to_be_long():
+    hold = 0.1
+    handler = RunHandler(1, hold_seconds=hold)
+    slow = Ticket(labels=("slow", "1", "serving_default"))
+
+    async def main():
+        await asyncio.wait_for(handler.submit(time.sleep, hold * 2, ticket=slow), TIMEOUT)  # its runs take long
+        blocker, release, started = _blocked(handler)
+        await asyncio.to_thread(started.wait, TIMEOUT)
+        first_answered = threading.Event()
+        first = handler.submit(lambda: "short")
+        first.add_done_callback(lambda f: first_answered.set())
+        # The slow model's next run ends once the short answer reached the loop: held behind it, it never would.
+        second = handler.submit(lambda: first_answered.wait(2), ticket=slow)
+        release.set()
+        return await asyncio.wait_for(asyncio.gather(first, second), TIMEOUT)
+
+    try:
+        assert asyncio.run(main()) == ["short", True]
+    finally:
+        handler.close()
+
+
 def test_hold_zero_answers_each_run_on_its_own():
     handler = RunHandler(1, hold_seconds=0)
 
