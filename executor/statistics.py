@@ -8,6 +8,7 @@ once. ``snapshot()`` copies the figures for an answer.
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from dataclasses import dataclass, field
@@ -64,17 +65,7 @@ class ModelStatistics:
 
     def snapshot(self) -> Snapshot:
         with self._lock:
-            f = self._figures
-            return Snapshot(
-                f.last_inference_ms,
-                f.inference_count,
-                f.execution_count,
-                Duration(f.success.count, f.success.ns),
-                Duration(f.fail.count, f.fail.ns),
-                Duration(f.queue.count, f.queue.ns),
-                Duration(f.compute_infer.count, f.compute_infer.ns),
-                {size: Duration(d.count, d.ns) for size, d in f.batches.items()},
-            )
+            return copy.deepcopy(self._figures)
 
 
 _all: dict[tuple[str, str], ModelStatistics] = {}

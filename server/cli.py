@@ -175,9 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--result_hold_micros",
         type=int,
         default=d.result_hold_micros,
-        help="while more work waits, a run worker keeps the answers of short runs for at most this long and hands "
-        "them back together (fewer event-loop wake-ups under load; never when nothing waits or while requests of "
-        "several priorities arrive; 0: each at once)",
+        help="while more work waits, a run worker keeps the answers of short runs for about this long and hands "
+        "them back together (fewer event-loop wake-ups under load; never when nothing waits, next to a run this "
+        "long, or while requests of several priorities arrive; 0: each at once)",
     )
     p.add_argument(
         "--max_message_bytes",

@@ -87,10 +87,11 @@ def accepts_compression(request: web.Request) -> bool:
 
 
 def compressed(response: web.StreamResponse) -> web.StreamResponse:
-    """A response not yet sent, compressed (deflate or gzip, as the request's Accept-Encoding allows, deflate
-    first) when its body is large enough; aiohttp compresses large bodies off the event loop."""
+    """A whole-body response, compressed (deflate or gzip, as the request's Accept-Encoding allows, deflate first)
+    when its body is large enough; aiohttp compresses large bodies off the event loop. Streamed answers (already
+    sent) go as they are."""
     body = response.body if isinstance(response, web.Response) else None
-    if not response.prepared and isinstance(body, bytes | bytearray) and len(body) >= COMPRESS_MIN_BYTES:
+    if isinstance(body, bytes | bytearray) and len(body) >= COMPRESS_MIN_BYTES:
         response.enable_compression()  # a no-op without a matching Accept-Encoding
     return response
 

@@ -41,6 +41,31 @@ def _blocked(handler: RunHandler, ticket: Ticket | None = None):
     return handler.submit(block, ticket=ticket or Ticket()), release, started
 
 
+def _second_run_sees_first_answer(handler: RunHandler, wait: float, second: Ticket | None = None, before=None):
+    """With the only worker busy, queue a quick first run and a second that waits up to ``wait`` seconds for the
+    first's answer to reach the event loop; whether it did (held behind the second run, it cannot).
+    ``before``: an async callable run first, on the same loop."""
+
+    async def main():
+        if before is not None:
+            await before()
+        blocker, release, started = _blocked(handler)
+        await asyncio.to_thread(started.wait, TIMEOUT)
+        first_answered = threading.Event()
+        first = handler.submit(lambda: "first")
+        first.add_done_callback(lambda f: first_answered.set())
+        second_run = handler.submit(lambda: first_answered.wait(wait), ticket=second or Ticket())
+        release.set()
+        answers = await asyncio.wait_for(asyncio.gather(first, second_run), 2 * TIMEOUT)
+        assert answers[0] == "first"
+        return answers[1]
+
+    try:
+        return asyncio.run(main())
+    finally:
+        handler.close()
+
+
 def test_answers_of_queued_short_runs_come_back_in_one_loop_iteration():
     handler = RunHandler(1, hold_seconds=5.0)
 
@@ -86,42 +111,15 @@ def test_a_lone_request_is_answered_at_once_however_long_the_hold():
 def test_nothing_is_held_while_requests_of_several_priorities_arrive():
     handler = RunHandler(1, hold_seconds=60.0, aging_seconds=0)
 
-    async def main():
+    async def high():  # then priority 0: two priorities within the last second
         assert await asyncio.wait_for(handler.submit(lambda: "high", ticket=Ticket(priority=5)), TIMEOUT) == "high"
-        blocker, release, started = _blocked(handler)  # priority 0 now: two priorities within the last second
-        await asyncio.to_thread(started.wait, TIMEOUT)
-        first_answered = threading.Event()
-        first = handler.submit(lambda: "first")
-        first.add_done_callback(lambda f: first_answered.set())
-        # The second run finishes only once the first answer reached the loop: held, it would not come back in time.
-        second = handler.submit(lambda: first_answered.wait(TIMEOUT))
-        release.set()
-        return await asyncio.wait_for(asyncio.gather(first, second), 2 * TIMEOUT)
 
-    try:
-        assert asyncio.run(main()) == ["first", True]
-    finally:
-        handler.close()
+    assert _second_run_sees_first_answer(handler, TIMEOUT, before=high)
 
 
 def test_one_priority_is_held():
     """The counterpart of the test above: one priority only, and the first answer waits for the second run."""
-    handler = RunHandler(1, hold_seconds=60.0)
-
-    async def main():
-        blocker, release, started = _blocked(handler)
-        await asyncio.to_thread(started.wait, TIMEOUT)
-        first_answered = threading.Event()
-        first = handler.submit(lambda: "first")
-        first.add_done_callback(lambda f: first_answered.set())
-        second = handler.submit(lambda: first_answered.wait(0.5))
-        release.set()
-        return await asyncio.wait_for(asyncio.gather(first, second), 2 * TIMEOUT)
-
-    try:
-        assert asyncio.run(main()) == ["first", False]
-    finally:
-        handler.close()
+    assert not _second_run_sees_first_answer(RunHandler(1, hold_seconds=60.0), 0.5)
 
 
 def test_an_answer_is_held_at_most_the_hold_time():
@@ -159,39 +157,11 @@ def test_short_answers_never_wait_behind_a_run_known_to_be_long():
     handler = RunHandler(1, hold_seconds=hold)
     slow = Ticket(labels=("slow", "1", "serving_default"))
 
-    async def main():
-        await asyncio.wait_for(handler.submit(time.sleep, hold * 2, ticket=slow), TIMEOUT)  # its runs take long
-        blocker, release, started = _blocked(handler)
-        await asyncio.to_thread(started.wait, TIMEOUT)
-        first_answered = threading.Event()
-        first = handler.submit(lambda: "short")
-        first.add_done_callback(lambda f: first_answered.set())
-        # The slow model's next run ends once the short answer reached the loop: held behind it, it never would.
-        second = handler.submit(lambda: first_answered.wait(2), ticket=slow)
-        release.set()
-        return await asyncio.wait_for(asyncio.gather(first, second), TIMEOUT)
+    async def slow_run():  # the slow model's runs are now known to take long
+        await asyncio.wait_for(handler.submit(time.sleep, hold * 2, ticket=slow), TIMEOUT)
 
-    try:
-        assert asyncio.run(main()) == ["short", True]
-    finally:
-        handler.close()
+    assert _second_run_sees_first_answer(handler, 2, second=slow, before=slow_run)
 
 
 def test_hold_zero_answers_each_run_on_its_own():
-    handler = RunHandler(1, hold_seconds=0)
-
-    async def main():
-        blocker, release, started = _blocked(handler)
-        await asyncio.to_thread(started.wait, TIMEOUT)
-        gate = threading.Event()
-        first = handler.submit(lambda: "first")
-        # The second run waits until the first answer reached the loop, which only an unheld answer does.
-        second = handler.submit(lambda: gate.wait(TIMEOUT))
-        first.add_done_callback(lambda f: gate.set())
-        release.set()
-        return await asyncio.wait_for(asyncio.gather(first, second), 2 * TIMEOUT)
-
-    try:
-        assert asyncio.run(main()) == ["first", True]
-    finally:
-        handler.close()
+    assert _second_run_sees_first_answer(RunHandler(1, hold_seconds=0), TIMEOUT)
