@@ -3,8 +3,10 @@
     python scripts/bench_floor.py [--seconds 6] [--concurrency 1,32] [--workdir /tmp/servex-bench]
 
 Every rung answers the kit's batch-1 KServe v2 ModelInfer on the MLP over loopback, driven by the kit's h2load
-driver (h2grpc.py), one server at a time:
-- echo: the kit's do-nothing grpc.aio server (echo_floor.py), the floor of any Python gRPC server;
+driver (h2grpc.py, 4 connections at 32 callers), one server at a time:
+- echo: the kit's do-nothing grpc.aio server (echo_floor.py), the floor of one grpc.aio server;
+- listeners: the same fixed answer from servex's ListenerGroup (``--grpc_listeners``, default 8 grpc.aio servers
+  on the port), the floor of the rungs below, which all use it;
 - handoff: the same, but each call goes through servex's RunHandler to a worker thread and back (no TensorFlow);
 - tf: the same, and the worker runs the MLP's client graph through servex's GraphExecutor (the real run, a
   fixed answer: no request decoding or response encoding);
@@ -36,7 +38,7 @@ SERVICE = "inference.GRPCInferenceService"
 
 
 def serve(mode: str, port: int, model_dir: str) -> None:
-    """One rung (handoff or tf) as a gRPC server on ``port``, until killed."""
+    """One rung (listeners, handoff or tf) as a gRPC server on ``port``, until killed."""
     import grpc
     import numpy as np
 
@@ -44,6 +46,7 @@ def serve(mode: str, port: int, model_dir: str) -> None:
     from loader.config import ModelSpec
     from protos.inference import grpc_service_pb2 as pb
     from server.app import make_manager
+    from server.listeners import ListenerGroup
     from server.settings import ServerSettings
 
     settings = ServerSettings()
@@ -70,10 +73,12 @@ def serve(mode: str, port: int, model_dir: str) -> None:
     ticket = Ticket(0, None, "mlp", ("mlp", "1", "serving_default"))
 
     async def infer(request: bytes, context) -> bytes:
+        if mode == "listeners":
+            return fixed
         return await handler.submit(work, ticket=ticket)
 
     async def main() -> None:
-        server = grpc.aio.server()
+        server = ListenerGroup(settings.grpc_listeners, [])
         method = grpc.unary_unary_rpc_method_handler(infer)  # bytes in, bytes out: nothing parsed
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {"ModelInfer": method}),))
         server.add_insecure_port(f"127.0.0.1:{port}")
@@ -162,6 +167,7 @@ def main() -> None:
     peer_servers = servers(work, Path(tempfile.gettempdir()))  # the peer benchmark's echo and servex commands
     rungs = {
         "echo": peer_servers["echo"],
+        "listeners": lambda port: [sys.executable, __file__, "--serve", "listeners", str(port), str(model / "1")],
         "handoff": lambda port: [sys.executable, __file__, "--serve", "handoff", str(port), str(model / "1")],
         "tf": lambda port: [sys.executable, __file__, "--serve", "tf", str(port), str(model)],
         "servex": peer_servers["servex"],

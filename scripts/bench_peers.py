@@ -1,13 +1,14 @@
 """servex against its peers, side by side in one run: KServe v2 gRPC ModelInfer, batch-1 requests on the MLP.
 
     python scripts/bench_peers.py [--seconds 8] [--concurrency 1,8,32] [--peers_dir /tmp/servex-peers]
-                                  [--only servex,servex_batching,servex_2proc,kserve,mlserver,echo]
+                                  [--only servex,servex_batching,servex_1listener,servex_2proc,kserve,mlserver,echo]
 
 Uses the shared kit in ../shared/bench only (never copied): make_models.py exports the MLP, peers/setup.sh must
 have built the peer venvs (KServe's Python ModelServer, MLServer with adaptive batching 32 / 2 ms), echo_floor.py
 is the do-nothing Python gRPC floor. Every server gets the same SavedModel and the same closed-loop loopback load:
 h2load (h2grpc.py) at each concurrency for throughput and mean latency, then the kit's Python driver (loadgen.py)
-at the highest concurrency for p99 and to count errors (h2load counts HTTP-level success only). Servers run one
+at the highest concurrency for p99 and to count errors (h2load counts HTTP-level success only); h2load's own
+per-request log gives a second p99 there, from a client that takes little CPU from the server. Servers run one
 at a time. Prints one JSON line per measurement, then a markdown table.
 """
 
@@ -52,6 +53,7 @@ def servers(work: Path, peers: Path) -> dict[str, callable]:
     return {
         "servex": lambda port: [*servex, f"--port={port}"],
         "servex_batching": lambda port: [*servex, f"--port={port}", "--enable_batching"],
+        "servex_1listener": lambda port: [*servex, f"--port={port}", "--enable_batching", "--grpc_listeners=1"],
         "servex_2proc": lambda port: [*servex, f"--port={port}", "--enable_batching", "--serving_processes=2"],
         "kserve": lambda port: [
             str(peers / "kserve" / "bin" / "python"),
@@ -95,6 +97,22 @@ def wait_ready(port: int, proc: subprocess.Popen, timeout: float = 180) -> None:
         channel.close()
 
 
+def h2load_percentiles(port: int, frame: Path, concurrency: int, seconds: int) -> dict:
+    """p50/p99 latency at ``concurrency`` from h2load's per-request log, with the kit driver's connection layout
+    (at most 4 connections, the callers spread over them as streams): a C client, so the server is measured."""
+    connections = min(concurrency, 4)
+    with tempfile.NamedTemporaryFile(suffix=".tsv") as log:
+        subprocess.run(
+            ["h2load", f"http://127.0.0.1:{port}{METHOD}", "-d", str(frame), "-c", str(connections),
+             "-m", str(max(1, concurrency // connections)), "-D", str(seconds), "--warm-up-time=1",
+             "-H", "content-type: application/grpc", "-H", "te: trailers", f"--log-file={log.name}"],
+            capture_output=True, check=True,
+        )  # fmt: skip
+        micros = sorted(int(line.split("\t")[2]) for line in Path(log.name).read_text().splitlines() if line)
+    pick = lambda q: round(micros[min(len(micros) - 1, int(q * len(micros)))] / 1000, 2)  # noqa: E731
+    return {"concurrency": concurrency, "requests": len(micros), "p50_ms": pick(0.5), "p99_ms": pick(0.99)}
+
+
 def loadgen(port: int, concurrency: int, seconds: float) -> dict:
     out = subprocess.run(
         [sys.executable, str(KIT / "loadgen.py"), "--port", str(port), "--model", "mlp", "--input", "features",
@@ -109,7 +127,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=int, default=8)
     ap.add_argument("--concurrency", default="1,8,32")
     ap.add_argument("--peers_dir", default=os.environ.get("PEERS_DIR", "/tmp/servex-peers"))
-    ap.add_argument("--only", default="servex,servex_batching,servex_2proc,kserve,mlserver,echo")
+    ap.add_argument("--only", default="servex,servex_batching,servex_1listener,servex_2proc,kserve,mlserver,echo")
     ap.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "servex-bench"))
     a = ap.parse_args()
     if shutil.which("h2load") is None:
@@ -139,10 +157,13 @@ def main() -> None:
                 r["server"] = name
                 print(json.dumps(r), flush=True)
                 row[c] = r
+            tail = h2load_percentiles(port, frame, levels[-1], a.seconds)
+            tail["server"] = name
+            print(json.dumps(tail), flush=True)
             check = loadgen(port, levels[-1], a.seconds)
             check["server"] = name
             print(json.dumps(check), flush=True)
-            rows[name] = (row, check)
+            rows[name] = (row, tail, check)
         finally:
             os.killpg(proc.pid, signal.SIGTERM)
             try:
@@ -153,11 +174,12 @@ def main() -> None:
     top = levels[-1]
     print()
     print("| server | " + " | ".join(f"c={c} req/s | c={c} mean ms" for c in levels)
-          + f" | c={top} p99 ms (Python client) | errors |")  # fmt: skip
-    print("| --- " * (2 * len(levels) + 3) + "|")
-    for name, (row, check) in rows.items():
+          + f" | c={top} p99 ms (h2load) | c={top} p99 ms (Python client) | errors |")  # fmt: skip
+    print("| --- " * (2 * len(levels) + 4) + "|")
+    for name, (row, tail, check) in rows.items():
         cells = " | ".join(f"{row[c]['rps']:,.0f} | {row[c]['mean_ms']}" for c in levels)
-        print(f"| {name} | {cells} | {check['p99_ms']} | {check['errors'] + (row[top]['failed'] or 0)} |")
+        errors = check["errors"] + (row[top]["failed"] or 0)
+        print(f"| {name} | {cells} | {tail['p99_ms']} | {check['p99_ms']} | {errors} |")
 
 
 if __name__ == "__main__":

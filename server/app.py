@@ -36,6 +36,7 @@ from protos.servex.v1 import batching_pb2, graph_executor_pb2, graph_executor_pb
 from server.admin import BearerTokenInterceptor, VariableService
 from server.core import ServingCore
 from server.graph_service import GraphExecutorService
+from server.listeners import ListenerGroup
 from server.metrics import model_load, start_metrics_server
 from server.rest import RestServer
 from server.settings import ServerSettings
@@ -256,10 +257,10 @@ async def serve(settings: ServerSettings) -> int:
     options = [
         ("grpc.max_receive_message_length", settings.max_message_bytes),
         ("grpc.max_send_message_length", settings.max_message_bytes),
-        # Alone, a port already in use must fail the start; several serving processes share theirs.
-        ("grpc.so_reuseport", 1 if settings.process_group_size > 1 else 0),
+        ("grpc.so_reuseport", 0),  # the admin port; the listeners set their own
     ]
-    server = grpc.aio.server(options=options)
+    # Alone, a port already in use must fail the start; several serving processes share theirs.
+    server = ListenerGroup(settings.grpc_listeners, options, shared_port=settings.process_group_size > 1)
     try:
         manager = make_manager(settings)
     except DeviceError as e:  # --device unknown or not usable here (no CuPy, no GPU): fail at start
@@ -373,8 +374,10 @@ class _Ports:
         """Bind and start every port; False (logged, nothing left open) when one cannot bind."""
         settings = self.settings
         address = f"{settings.bind_address}:{settings.port}"
-        if self.server.add_insecure_port(address) == 0:
-            log.error("cannot bind gRPC to %s", address)
+        try:
+            self.server.add_insecure_port(address)
+        except (OSError, RuntimeError) as e:  # taken by another process (probe), or gRPC could not bind
+            log.error("cannot bind gRPC to %s: %s", address, e)
             return False
         try:
             self.admin = start_admin_server(settings, self.core, self.options, self.lifecycle)
@@ -385,7 +388,7 @@ class _Ports:
         self.opened = True
         if self.admin is not None:
             await self.admin.start()
-        log.info("gRPC on %s", address)
+        log.info("gRPC on %s (%d listeners)", address, len(self.server.servers))
         if settings.rest_api_port:
             timeout_s = settings.rest_api_timeout_in_ms / 1000
             args = (settings.rest_api_port, settings.bind_address, settings.max_message_bytes, timeout_s)

@@ -234,6 +234,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="on SIGTERM/SIGINT, how long in-flight calls may take to finish",
     )
     p.add_argument(
+        "--grpc_listeners",
+        type=int,
+        default=d.grpc_listeners,
+        help="gRPC listeners sharing --port in this process (SO_REUSEPORT), each accepting calls on its own: "
+        "grpcio's asyncio server accepts one call at a time per listener; the kernel spreads connections over them",
+    )
+    p.add_argument(
         "--serving_processes",
         type=int,
         default=d.serving_processes,
@@ -254,6 +261,8 @@ def parse_settings(argv: list[str] | None = None) -> tuple[ServerSettings, str]:
             build_parser().error(f"--prefetch_variables expects MODEL=VAR[,VAR...], got {item!r}")
         prefetch[model] = prefetch.get(model, ()) + tuple(n for n in names.split(",") if n)
     admin_port = args.admin_port or (8503 if args.admin_token_file else 0)
+    if args.grpc_listeners < 1:
+        build_parser().error(f"--grpc_listeners must be at least 1, got {args.grpc_listeners}")
     if args.serving_processes < 1:
         build_parser().error(f"--serving_processes must be at least 1, got {args.serving_processes}")
     if args.serving_processes > 1 and admin_port:
@@ -303,6 +312,7 @@ def parse_settings(argv: list[str] | None = None) -> tuple[ServerSettings, str]:
         device=args.device,
         tensor_content_outputs=args.tensor_content_outputs,
         drain_seconds=args.drain_seconds,
+        grpc_listeners=args.grpc_listeners,
         serving_processes=args.serving_processes,
         process_group_size=args.process_group_size,
     )

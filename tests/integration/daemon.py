@@ -91,6 +91,19 @@ def terminate(proc: subprocess.Popen, timeout: float = 30) -> None:
             proc.wait()
 
 
+def listening_sockets(port: int) -> int:
+    """How many sockets listen on ``port`` on this machine (the IPv4 and IPv6 tables of /proc/net)."""
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            next(f)  # the header
+            for line in f:
+                fields = line.split()
+                if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "0A":  # 0A: LISTEN
+                    count += 1
+    return count
+
+
 def run_to_exit(args: list[str], timeout: float = START_TIMEOUT_S) -> subprocess.CompletedProcess:
     """Run servex with ``args`` (expected to exit on its own) and return its outcome."""
     cmd = [

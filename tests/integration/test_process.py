@@ -21,7 +21,7 @@ from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 from server.cli import build_parser
 from tests.conftest import BAD_HALF_PLUS_TWO, HALF_PLUS_TWO_TF1, TESTDATA
-from tests.integration.daemon import Daemon, run_to_exit
+from tests.integration.daemon import Daemon, listening_sockets, run_to_exit
 
 
 def predict(channel, model: str, inputs: dict, timeout: float = 10) -> predict_pb2.PredictResponse:
@@ -104,6 +104,19 @@ def _truncated_variables(tmp: Path) -> Path:
     data = next((version / "variables").glob("variables.data-*"))
     data.write_bytes(data.read_bytes()[:3])
     return version.parent
+
+
+def test_grpc_listeners_share_the_port_and_a_second_servex_on_it_is_refused(start_daemon):
+    daemon = start_daemon("--grpc_listeners=3")
+    assert listening_sockets(daemon.port) == 3
+    assert "(3 listeners)" in daemon.log()
+    # SO_REUSEPORT would let a second servex in to take half the connections: it must fail its start instead
+    out = run_to_exit([f"--port={daemon.port}", f"--model_base_path={HALF_PLUS_TWO_TF1}", "--model_name=half"])
+    assert out.returncode == 1
+    assert f"cannot bind gRPC to 127.0.0.1:{daemon.port}" in out.stderr and "in use" in out.stderr
+    assert listening_sockets(daemon.port) == 3
+    reply = predict(daemon.channel, "demo", {"x": np.array([1.0], np.float32)})
+    assert tf.make_ndarray(reply.outputs["y"]).tolist() == [2.5]
 
 
 def test_message_size_limit_gives_resource_exhausted_and_keeps_serving(start_daemon):

@@ -1,0 +1,126 @@
+"""ListenerGroup: several grpc.aio servers with the same services on one port (real gRPC, real sockets)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import grpc
+import pytest
+from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
+
+from server.listeners import ListenerGroup
+from tests.integration.daemon import listening_sockets
+
+SERVICE = "servex.test.Echo"
+
+
+def _group(count: int, shared_port: bool = False) -> ListenerGroup:
+    """A group answering Echo/Say (a generic handler) and Echo/Shout (a registered method)."""
+    group = ListenerGroup(count, [("grpc.so_reuseport", 0)], shared_port)  # the group sets its own
+
+    async def say(request: bytes, context) -> bytes:
+        return request
+
+    async def shout(request: bytes, context) -> bytes:
+        return request.upper()
+
+    group.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(SERVICE, {"Say": grpc.unary_unary_rpc_method_handler(say)}),)
+    )
+    group.add_registered_method_handlers(SERVICE, {"Shout": grpc.unary_unary_rpc_method_handler(shout)})
+    return group
+
+
+def _channel(port: int) -> grpc.aio.Channel:
+    """A channel with its own connection (no subchannel shared with the test's other channels)."""
+    return grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)])
+
+
+def test_every_listener_binds_the_port_and_connections_are_served_whichever_takes_them():
+    async def main() -> None:
+        group = _group(4)
+        port = group.add_insecure_port("127.0.0.1:0")
+        await group.start()
+        try:
+            assert port > 0
+            assert listening_sockets(port) == 4
+            channels = [_channel(port) for _ in range(16)]
+            say = [c.unary_unary(f"/{SERVICE}/Say") for c in channels]
+            shout = [c.unary_unary(f"/{SERVICE}/Shout", _registered_method=True) for c in channels]
+            said = await asyncio.gather(*(call(f"hello {i}".encode(), timeout=10) for i, call in enumerate(say)))
+            shouted = await asyncio.gather(*(call(f"hey {i}".encode(), timeout=10) for i, call in enumerate(shout)))
+            assert said == [f"hello {i}".encode() for i in range(16)]
+            assert shouted == [f"HEY {i}".encode() for i in range(16)]
+            for c in channels:
+                await c.close()
+        finally:
+            await group.stop(None)
+        assert listening_sockets(port) == 0
+
+    asyncio.run(main())
+
+
+def test_a_port_another_process_listens_on_is_refused_with_one_listener_or_several():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+
+        async def bind(count: int) -> None:
+            _group(count).add_insecure_port(f"127.0.0.1:{port}")
+
+        with pytest.raises(RuntimeError, match="Failed to bind"):  # gRPC's own refusal
+            asyncio.run(bind(1))
+        with pytest.raises(OSError) as info:  # the probe's, before any listener binds with SO_REUSEPORT
+            asyncio.run(bind(3))
+        assert "in use" in str(info.value)
+
+
+def test_a_second_group_does_not_share_the_first_one_s_port_unless_it_is_one_of_a_process_group():
+    async def main() -> None:
+        first = _group(2)
+        port = first.add_insecure_port("127.0.0.1:0")
+        await first.start()
+        try:
+            with pytest.raises(OSError):  # SO_REUSEPORT alone would have let it in, splitting the traffic
+                _group(2).add_insecure_port(f"127.0.0.1:{port}")
+            assert listening_sockets(port) == 2
+        finally:
+            await first.stop(None)
+
+        shared = [_group(2, shared_port=True) for _ in range(2)]  # --serving_processes: sharing is the point
+        port = shared[0].add_insecure_port("127.0.0.1:0")
+        assert shared[1].add_insecure_port(f"127.0.0.1:{port}") == port
+        assert listening_sockets(port) == 4
+        for group in shared:
+            await group.start()
+            await group.stop(None)
+
+    asyncio.run(main())
+
+
+def test_a_group_is_a_grpc_aio_server_so_reflection_serves_its_asyncio_servicer_on_every_listener():
+    async def main() -> None:
+        group = _group(3)
+        assert isinstance(group, grpc.aio.Server)
+        reflection.enable_server_reflection([SERVICE, reflection.SERVICE_NAME], group)
+        port = group.add_insecure_port("127.0.0.1:0")
+        await group.start()
+        try:
+            for _ in range(6):  # several connections: the kernel spreads them over the listeners
+                async with _channel(port) as channel:
+                    stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+                    request = reflection_pb2.ServerReflectionRequest(list_services="")
+                    answers = [a async for a in stub.ServerReflectionInfo(iter([request]), timeout=10)]
+                    names = {s.name for s in answers[0].list_services_response.service}
+                    assert names == {SERVICE, reflection.SERVICE_NAME}
+        finally:
+            await group.stop(None)
+
+    asyncio.run(main())
+
+
+def test_a_group_needs_a_listener():
+    with pytest.raises(ValueError, match="at least 1"):
+        ListenerGroup(0, [])
