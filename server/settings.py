@@ -96,7 +96,7 @@ class ServerSettings:
     # gRPC listeners on the port in this process (SO_REUSEPORT; the kernel spreads connections over them), each
     # accepting calls on its own: grpcio's asyncio server accepts one call at a time per listener, which limits a
     # process under load more than the work does (measured on 2 cores, MLP, 32 callers on 4 connections, batching:
-    # 4,600-4,900 requests/s with 1, 5,800-7,500 with 8). One connection is served by one listener.
+    # 4,600-4,900 requests/s with 1, 5,800-7,800 with 8). One connection is served by one listener.
     grpc_listeners: int = 8
     # Processes serving the same ports (SO_REUSEPORT; the kernel spreads connections), each with its own copy of
     # the models and its own event loop: more throughput from more cores, for more memory. 1: this process serves.
