@@ -2,7 +2,8 @@
 ``ModelStatistics``: tritonclient's ``get_inference_statistics``), beside the Prometheus histograms.
 
 The RunHandler adds each request's queue wait (``waited``) and each run's time (``ran``); the server adds each
-answered inference call's outcome and time end to end (``answered``). Each update takes the version's lock
+answered inference call's outcome and time end to end, with the time its adapter took to decode the request's
+tensors and encode the answer's where it timed them (``answered``). Each update takes the version's lock
 once. ``snapshot()`` copies the figures for an answer.
 """
 
@@ -32,7 +33,9 @@ class Snapshot:
     success: Duration = field(default_factory=Duration)  # answered OK, end to end in the server
     fail: Duration = field(default_factory=Duration)  # answered with an error after their version was resolved
     queue: Duration = field(default_factory=Duration)  # time waiting for a run worker
+    compute_input: Duration = field(default_factory=Duration)  # decoding a successful request's tensors
     compute_infer: Duration = field(default_factory=Duration)  # per request: the run (of its batch) that served it
+    compute_output: Duration = field(default_factory=Duration)  # encoding its answer's tensors
     batches: dict[int, Duration] = field(default_factory=dict)  # requests per run -> runs and their time
 
 
@@ -59,9 +62,19 @@ class ModelStatistics:
                 batch = f.batches[requests] = Duration()
             batch.add(seconds)
 
-    def answered(self, ok: bool, seconds: float) -> None:
+    def answered(self, ok: bool, seconds: float, decoding: float = 0.0, encoding: float = 0.0) -> None:
+        """One inference call answered (``ok``: successfully) after ``seconds`` in the server; of a successful
+        one, ``decoding`` and ``encoding`` are its tensors' (0: not timed, not counted)."""
         with self._lock:
-            (self._figures.success if ok else self._figures.fail).add(seconds)
+            f = self._figures
+            if not ok:
+                f.fail.add(seconds)
+                return
+            f.success.add(seconds)
+            if decoding:
+                f.compute_input.add(decoding)
+            if encoding:
+                f.compute_output.add(encoding)
 
     def snapshot(self) -> Snapshot:
         with self._lock:

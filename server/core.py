@@ -71,13 +71,15 @@ class RequestInfo:
     """What the protocol adapter knows of the current call (its priority and deadline) and what the core learns
     (the version and signature that ran), shared through a context variable for scheduling and metrics."""
 
-    __slots__ = ("priority", "deadline", "version", "signature")
+    __slots__ = ("priority", "deadline", "version", "signature", "compute_input", "compute_output")
 
     def __init__(self, priority: int = 0, deadline: float | None = None):
         self.priority = priority
         self.deadline = deadline  # time.monotonic() by which the run must start, or None
         self.version = ""
         self.signature = ""
+        self.compute_input = 0.0  # seconds the adapter took to decode the request's tensors (0: not timed)
+        self.compute_output = 0.0  # seconds it took to encode the answer's tensors
 
 
 MIN_PRIORITY, MAX_PRIORITY = -100, 100  # bounded: priorities are scheduler levels and metric label values

@@ -122,10 +122,13 @@ class KServeService(pb_grpc.GRPCInferenceServiceServicer):
         version = v2_types.parse_version(request.model_version)
         if not request.model_name:
             raise InvalidArgument("model_name is empty: name the model to call")
+        info = REQUEST.get()
         if PRIORITY in request.parameters:  # wins over x-servex-priority metadata
             value = v2_types.priority_parameter(request.parameters[PRIORITY])
-            REQUEST.get().priority = checked_priority(value, "parameter 'priority'")
+            info.priority = checked_priority(value, "parameter 'priority'")
+        started = time.perf_counter()
         inputs, raw = v2_types.decode_infer_inputs(request.inputs, request.raw_input_contents)
+        info.compute_input = time.perf_counter() - started
         requested, classes = [], {}
         for out in request.outputs:
             if "shared_memory_region" in out.parameters:
@@ -135,9 +138,11 @@ class KServeService(pb_grpc.GRPCInferenceServiceServicer):
                 classes[out.name] = v2_types.classification_count(count, out.name)
             requested.append(out.name)
         result = await self.core.predict(request.model_name, version, "", "", inputs, requested, "outputs")
+        started = time.perf_counter()
         response = pb.ModelInferResponse(model_name=result.model_name, model_version=str(result.version))
         response.id = request.id
         v2_types.fill_infer_outputs(response, v2_types.classified(result.outputs, classes), raw)
+        info.compute_output = time.perf_counter() - started
         return response
 
     async def ModelStreamInfer(self, request_iterator, context):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import binascii
 import re
+import time
 import weakref
 from typing import Any
 from urllib.parse import unquote
@@ -33,7 +34,7 @@ from loader.errors import CODE_NAMES, InvalidArgument
 from loader.saved_model import HIDDEN_SIGNATURES, TensorSpec
 from server import examples
 from server import rest_codec as codec
-from server.core import RequestInfo
+from server.core import REQUEST, RequestInfo
 from server.rest import Call, Rest, json_response, offload
 
 _SPEC = r"/v1/models/([^/:]+)(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?"
@@ -105,10 +106,15 @@ async def predict(rest: Rest, request: web.Request, name: str, version: int | No
     signature_name = doc.get("signature_name", "")
     core = rest.core
     sig = core.signature(core.resolve(name, version, label), signature_name)
+    info, started = REQUEST.get(), time.perf_counter()
     inputs, row = await offload(size, decode_predict, doc, sig.inputs)
+    info.compute_input = time.perf_counter() - started
     result = await core.predict(name, version, label, signature_name, inputs)
+    started = time.perf_counter()
     out_bytes = sum(v.nbytes for v in result.outputs.values())
-    return json_response(await offload(out_bytes, encode_predict, result.outputs, row))
+    text = await offload(out_bytes, encode_predict, result.outputs, row)
+    info.compute_output = time.perf_counter() - started
+    return json_response(text)
 
 
 def decode_predict(doc: dict, specs: dict[str, TensorSpec]) -> tuple[dict[str, np.ndarray], bool]:

@@ -162,8 +162,11 @@ async def infer(rest: Rest, request: web.Request, call: Call, info: RequestInfo)
         json_size = int(header)
     doc = await offload(json_size, codec.parse, view[:json_size], "inference request JSON")
     request_id, signature, binary_output, filters, classes = _parameters(doc, info)
+    started = time.perf_counter()
     inputs = await offload(len(view), decode_inputs, doc, view[json_size:])
+    info.compute_input = time.perf_counter() - started
     result = await rest.core.predict(call.model, version, "", signature, inputs, list(filters), "outputs")
+    started = time.perf_counter()
     outputs = v2_types.classified(result.outputs, classes)
     reply: dict[str, Any] = {"model_name": result.model_name, "model_version": str(result.version)}
     if request_id is not None:
@@ -172,6 +175,7 @@ async def infer(rest: Rest, request: web.Request, call: Call, info: RequestInfo)
     chunks: list = []
     reply["outputs"], all_finite = await offload(size, encode_outputs, outputs, filters, binary_output, chunks)
     text = codec.dumps(reply, all_finite)
+    info.compute_output = time.perf_counter() - started
     if not chunks:
         return json_response(text)
     if accepts_compression(request):  # one body, which the endpoint wrapper compresses

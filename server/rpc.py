@@ -76,4 +76,4 @@ def record(core, method: str, model: str, info: RequestInfo, code: str, start: f
     seconds = time.perf_counter() - start
     metrics.observe(labels, code, seconds)
     if info.version:  # a run was asked of that version: an inference, in Triton's statistics
-        statistics(label, info.version).answered(code == "OK", seconds)
+        statistics(label, info.version).answered(code == "OK", seconds, info.compute_input, info.compute_output)

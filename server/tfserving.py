@@ -7,6 +7,7 @@ gRPC status it names, with its message; anything unexpected becomes INTERNAL and
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 import grpc
@@ -28,7 +29,7 @@ from loader.config import ModelSpec, specs_from_proto
 from loader.errors import CODE_NAMES, FailedPrecondition, InvalidArgument
 from loader.saved_model import HIDDEN_SIGNATURES
 from server import examples, tensors
-from server.core import ServingCore
+from server.core import REQUEST, ServingCore
 from server.rpc import rpc, spec_version
 
 log = logging.getLogger(__name__)
@@ -44,16 +45,20 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
     async def Predict(self, request: predict_pb2.PredictRequest, context) -> predict_pb2.PredictResponse:
         spec = request.model_spec
         limit = self.max_tensor_bytes
+        info, started = REQUEST.get(), time.perf_counter()
         inputs = {alias: tensors.to_ndarray(proto, alias, limit) for alias, proto in request.inputs.items()}
+        info.compute_input = time.perf_counter() - started
         result = await self.core.predict(
             spec.name, spec_version(spec), spec.version_label, spec.signature_name, inputs, request.output_filter
         )
+        started = time.perf_counter()
         response = predict_pb2.PredictResponse()
         response.model_spec.name = result.model_name
         response.model_spec.version.value = result.version
         response.model_spec.signature_name = result.signature_name
         for alias, value in result.outputs.items():
             tensors.fill_proto(response.outputs[alias], value, self.tensor_content_outputs)
+        info.compute_output = time.perf_counter() - started
         return response
 
     @rpc

@@ -5,8 +5,10 @@ exact counts kept in executor/statistics.py.
 Triton's meanings: ``success``/``fail``, inference calls answered and their time in the server (failures after
 the version was resolved); ``queue``, time waiting for a run worker; ``compute_infer``, per request, the run that
 served it (of its whole batch); ``inference_count``, rows run; ``execution_count``, runs; ``batch_stats``, runs
-and their time by requests per run. ``compute_input`` and ``compute_output`` are 0: servex does not time decoding
-and encoding apart from the call; ``cache_hit``/``cache_miss`` are 0: there is no response cache.
+and their time by requests per run; ``compute_input`` and ``compute_output``, per successful request, decoding its
+input tensors and encoding its output tensors (KServe v2 and TensorFlow Serving Predict calls, over gRPC and
+REST; not in ``batch_stats``, since they are not work of the batch). ``cache_hit``/``cache_miss`` are 0: there is
+no response cache.
 """
 
 from __future__ import annotations
@@ -44,9 +46,9 @@ def _one(name: str, version: str) -> dict:
             "success": _duration(f.success),
             "fail": _duration(f.fail),
             "queue": _duration(f.queue),
-            "compute_input": _ZERO,
+            "compute_input": _duration(f.compute_input),
             "compute_infer": _duration(f.compute_infer),
-            "compute_output": _ZERO,
+            "compute_output": _duration(f.compute_output),
             "cache_hit": _ZERO,
             "cache_miss": _ZERO,
         },

@@ -18,6 +18,7 @@ import pytest
 import tensorflow as tf
 import tritonclient.grpc as triton
 import tritonclient.http as httpclient
+from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
@@ -222,11 +223,12 @@ def test_statistics_count_what_ran(batching):
     assert before <= int(mlp["last_inference"]) <= time.time() * 1000
     assert (int(mlp["inference_count"]), int(mlp["execution_count"])) == (8, 6)  # rows, runs
     figures = mlp["inference_stats"]
-    for what in ("success", "queue", "compute_infer"):
-        assert int(figures[what]["count"]) == 6, what
+    for what in ("success", "queue", "compute_input", "compute_infer", "compute_output"):
+        assert int(figures[what]["count"]) == 6, what  # successes only: the failure decoded, nothing ran
         assert int(figures[what]["ns"]) > 0, what
     assert int(figures["fail"]["count"]) == 1
-    assert int(figures["success"]["ns"]) > int(figures["compute_infer"]["ns"])  # the call includes its run
+    inside = sum(int(figures[w]["ns"]) for w in ("compute_input", "compute_infer", "compute_output"))
+    assert int(figures["success"]["ns"]) > inside  # the call includes its decoding, run and encoding
     assert [(int(b["batch_size"]), int(b["compute_infer"]["count"])) for b in mlp["batch_stats"]] == [(1, 6)]
 
 
@@ -243,6 +245,28 @@ def test_statistics_over_rest_and_of_every_model(batching):
     assert len(sum_stats) == 1
     assert (sum_stats[0]["inference_count"], sum_stats[0]["execution_count"]) == (2, 1)
     assert sum_stats[0]["inference_stats"]["success"]["count"] == 1
-    assert sum_stats[0]["inference_stats"]["compute_input"] == {"count": 0, "ns": 0}
+    for what in ("compute_input", "compute_output"):  # the JSON and binary tensors' decoding and encoding
+        assert sum_stats[0]["inference_stats"][what]["count"] == 1, what
+        assert sum_stats[0]["inference_stats"][what]["ns"] > 0, what
+    assert sum_stats[0]["batch_stats"][0]["compute_input"] == {"count": 0, "ns": 0}  # not work of the batch
     served = {(s["name"], s["version"]) for s in every}
     assert {("mlp", "1"), ("sum", "1"), ("strings", "1"), ("tf2", "123"), ("two", "123"), ("two", "124")} == served
+
+
+def test_tensorflow_serving_predict_calls_count_their_decoding_and_encoding_too(plain):
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = "two"
+    request.model_spec.version.value = 124
+    request.inputs["x"].CopyFrom(tf.make_tensor_proto(np.array([1.0, 2.0], np.float32)))
+    reply = prediction_service_pb2_grpc.PredictionServiceStub(plain.channel).Predict(request, timeout=30)
+    assert tf.make_ndarray(reply.outputs["y"]).shape == (2,)
+    body = json.dumps({"instances": [1.0, 2.0, 3.0]}).encode()
+    rest = urllib.request.Request(f"{plain.rest_url}/v1/models/two/versions/124:predict", data=body, method="POST")
+    with urllib.request.urlopen(rest, timeout=30) as answer:
+        assert len(json.loads(answer.read())["predictions"]) == 3
+    with triton.InferenceServerClient(plain.address) as client:
+        (two,) = client.get_inference_statistics("two", "124", as_json=True)["model_stats"]
+    figures = two["inference_stats"]
+    for what in ("success", "compute_input", "compute_infer", "compute_output"):
+        assert int(figures[what]["count"]) == 2, what  # the gRPC call and the REST one
+        assert int(figures[what]["ns"]) > 0, what
