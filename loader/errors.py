@@ -54,6 +54,10 @@ class NotFound(ServingError):
     code = "NOT_FOUND"
 
 
+class AlreadyExists(ServingError):
+    code = "ALREADY_EXISTS"
+
+
 class FailedPrecondition(ServingError):
     code = "FAILED_PRECONDITION"
 

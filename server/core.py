@@ -21,6 +21,7 @@ from executor.run_handler import Ticket
 from loader.errors import FailedPrecondition, InvalidArgument
 from loader.manager import ModelManager, ServedVersion
 from loader.saved_model import Signature, TensorSpec, shape_matches, shape_text
+from server.shared_memory import SharedMemoryRegistry
 from server.tensors import dtype_name
 
 DEFAULT_SIGNATURE = "serving_default"
@@ -123,6 +124,7 @@ class ServingCore:
         self.manager = manager
         self.run_handler = run_handler
         self.pin_signature_graphs = pin_signature_graphs
+        self.shared_memory = SharedMemoryRegistry()  # Triton's system shared memory regions, every protocol's
         self._graph_labels: dict[str, set[str]] = {}
 
     # -- resolution ------------------------------------------------------------------------------------

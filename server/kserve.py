@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 # What ServerMetadata lists: the repository extension (on the admin port), request parameters (priority) and
 # classification outputs.
-EXTENSIONS = ("model_repository", "parameters", "classification")
+EXTENSIONS = ("model_repository", "parameters", "classification", "system_shared_memory")
 PRIORITY = "priority"
 BASE_PATH = "base_path"
 # ModelManager states -> the v2 repository index's
@@ -127,12 +127,13 @@ class KServeService(pb_grpc.GRPCInferenceServiceServicer):
             value = v2_types.priority_parameter(request.parameters[PRIORITY])
             info.priority = checked_priority(value, "parameter 'priority'")
         started = time.perf_counter()
-        inputs, raw = v2_types.decode_infer_inputs(request.inputs, request.raw_input_contents)
+        shared = self.core.shared_memory
+        inputs, raw = v2_types.decode_infer_inputs(request.inputs, request.raw_input_contents, shared)
         info.compute_input = time.perf_counter() - started
-        requested, classes = [], {}
+        requested, classes, places = [], {}, {}
         for out in request.outputs:
-            if "shared_memory_region" in out.parameters:
-                raise Unimplemented(f"output {out.name!r}: shared memory is not supported")
+            if v2_types.SHARED_MEMORY_REGION in out.parameters:
+                places[out.name] = v2_types.shared_memory_place(out.parameters, f"output {out.name!r}")
             if v2_types.CLASSIFICATION in out.parameters:
                 count = v2_types.integer_parameter(out.parameters[v2_types.CLASSIFICATION], "classification", "top N")
                 classes[out.name] = v2_types.classification_count(count, out.name)
@@ -141,7 +142,7 @@ class KServeService(pb_grpc.GRPCInferenceServiceServicer):
         started = time.perf_counter()
         response = pb.ModelInferResponse(model_name=result.model_name, model_version=str(result.version))
         response.id = request.id
-        v2_types.fill_infer_outputs(response, v2_types.classified(result.outputs, classes), raw)
+        v2_types.fill_infer_outputs(response, v2_types.classified(result.outputs, classes), raw, shared, places)
         info.compute_output = time.perf_counter() - started
         return response
 
@@ -166,6 +167,37 @@ class KServeService(pb_grpc.GRPCInferenceServiceServicer):
                 record(self.core, "ModelStreamInfer", request.model_name, info, code, start)
             yield answer
 
+    # -- Triton's system shared memory extension (server/shared_memory.py) ------------------------------
+
+    @rpc
+    async def SystemSharedMemoryStatus(self, request, context):
+        answer = pb.SystemSharedMemoryStatusResponse()
+        for region in self.core.shared_memory.status(request.name):
+            answer.regions[region["name"]].CopyFrom(pb.SystemSharedMemoryStatusResponse.RegionStatus(**region))
+        return answer
+
+    @rpc
+    async def SystemSharedMemoryRegister(self, request, context):
+        self.core.shared_memory.register(request.name, request.key, request.offset, request.byte_size)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    @rpc
+    async def SystemSharedMemoryUnregister(self, request, context):
+        self.core.shared_memory.unregister(request.name)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    @rpc
+    async def CudaSharedMemoryStatus(self, request, context):
+        raise _no_cuda_memory()
+
+    @rpc
+    async def CudaSharedMemoryRegister(self, request, context):
+        raise _no_cuda_memory()
+
+    @rpc
+    async def CudaSharedMemoryUnregister(self, request, context):
+        raise _no_cuda_memory()
+
     # The repository extension lives on the admin port; here it says where to find it.
     @rpc
     async def RepositoryIndex(self, request, context):
@@ -178,6 +210,11 @@ class KServeService(pb_grpc.GRPCInferenceServiceServicer):
     @rpc
     async def RepositoryModelUnload(self, request, context):
         raise _admin_only("RepositoryModelUnload")
+
+
+def _no_cuda_memory() -> Unimplemented:
+    return Unimplemented("CUDA shared memory is not supported: servex reads inputs from host memory; register "
+                         "system shared memory (/dev/shm) instead")  # fmt: skip
 
 
 def _admin_only(method: str) -> Unimplemented:

@@ -37,7 +37,7 @@ from server.rest import Call, HttpError, Rest, accepts_compression, json_respons
 from server.v2_config import PLATFORM
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
-EXTENSIONS = ["binary_tensor_data", "parameters", "classification"]
+EXTENSIONS = ["binary_tensor_data", "parameters", "classification", "system_shared_memory"]
 _INT64_MAX = 2**63 - 1
 
 
@@ -55,6 +55,12 @@ def add_routes(app: web.Application, rest: Rest) -> None:
         route("GET", base + "/config", "rest:v2_model_config", model_config)
         route("GET", base + "/stats", "rest:v2_model_statistics", model_statistics)
         route("POST", base + "/infer", "rest:v2_infer", infer)
+    for base in ("/v2/systemsharedmemory", "/v2/systemsharedmemory/region/{region}"):
+        route("GET", base + "/status", "rest:v2_shared_memory_status", shared_memory_status)
+        route("POST", base + "/unregister", "rest:v2_shared_memory_unregister", shared_memory_unregister)
+    route("POST", "/v2/systemsharedmemory/region/{region}/register", "rest:v2_shared_memory_register",
+          shared_memory_register)  # fmt: skip
+    route("*", "/v2/cudasharedmemory{tail:.*}", "rest:v2_cuda_shared_memory", cuda_shared_memory)
 
 
 def _version(request: web.Request) -> int | None:
@@ -64,6 +70,48 @@ def _version(request: web.Request) -> int | None:
     if not text.isdigit() or not text.isascii() or int(text) > _INT64_MAX:
         raise InvalidArgument(f"model version {text!r} is not a version number: use e.g. /versions/1")
     return int(text)
+
+
+# -- Triton's system shared memory extension (server/shared_memory.py) -----------------------------------
+
+
+async def shared_memory_status(rest: Rest, request: web.Request, call: Call, info: RequestInfo) -> web.Response:
+    return json_response(codec.dumps(rest.core.shared_memory.status(request.match_info.get("region", ""))))
+
+
+async def shared_memory_register(rest: Rest, request: web.Request, call: Call, info: RequestInfo) -> web.Response:
+    region = request.match_info["region"]
+    doc = _dict(codec.parse(memoryview(await rest.body(request)), "register request JSON"), "the request")
+    key = doc.get("key")
+    if not isinstance(key, str):
+        raise InvalidArgument(f"'key' must be a string naming the shared memory (e.g. '/name'), got {codec.show(key)}")
+    offset = _integer(doc.get("offset", 0), "offset", "bytes into the shared memory")
+    size = _integer(doc.get("byte_size"), "byte_size", "the region's size in bytes")
+    rest.core.shared_memory.register(region, key, offset, size)
+    return web.Response(status=200)
+
+
+async def shared_memory_unregister(rest: Rest, request: web.Request, call: Call, info: RequestInfo) -> web.Response:
+    rest.core.shared_memory.unregister(request.match_info.get("region", ""))
+    return web.Response(status=200)
+
+
+async def cuda_shared_memory(rest: Rest, request: web.Request, call: Call, info: RequestInfo) -> web.Response:
+    raise Unimplemented("CUDA shared memory is not supported: servex reads inputs from host memory; register "
+                        "system shared memory (/dev/shm) instead")  # fmt: skip
+
+
+def _place(params: dict, where: str, tensor: str) -> tuple[str, int, int]:
+    """An input's or output's place in shared memory from its JSON parameters: region, offset, byte size."""
+    region = params[v2_types.SHARED_MEMORY_REGION]
+    if not isinstance(region, str):
+        raise InvalidArgument(f"{where}.shared_memory_region must be a string naming a region, got "
+                              f"{codec.show(region)}")  # fmt: skip
+    if "shared_memory_byte_size" not in params:
+        raise InvalidArgument(f"{tensor}: a shared memory region needs parameters.shared_memory_byte_size")
+    size = _integer(params["shared_memory_byte_size"], f"{where}.shared_memory_byte_size", "bytes")
+    offset = _integer(params.get("shared_memory_offset", 0), f"{where}.shared_memory_offset", "bytes")
+    return region, offset, size
 
 
 # -- health and metadata ----------------------------------------------------------------------------------
@@ -161,9 +209,10 @@ async def infer(rest: Rest, request: web.Request, call: Call, info: RequestInfo)
             )
         json_size = int(header)
     doc = await offload(json_size, codec.parse, view[:json_size], "inference request JSON")
-    request_id, signature, binary_output, filters, classes = _parameters(doc, info)
+    request_id, signature, binary_output, filters, classes, places = _parameters(doc, info)
+    shared = rest.core.shared_memory
     started = time.perf_counter()
-    inputs = await offload(len(view), decode_inputs, doc, view[json_size:])
+    inputs = await offload(len(view), decode_inputs, doc, view[json_size:], shared)
     info.compute_input = time.perf_counter() - started
     result = await rest.core.predict(call.model, version, "", signature, inputs, list(filters), "outputs")
     started = time.perf_counter()
@@ -173,7 +222,9 @@ async def infer(rest: Rest, request: web.Request, call: Call, info: RequestInfo)
         reply["id"] = request_id
     size = sum(v.nbytes for v in outputs.values())
     chunks: list = []
-    reply["outputs"], all_finite = await offload(size, encode_outputs, outputs, filters, binary_output, chunks)
+    reply["outputs"], all_finite = await offload(
+        size, encode_outputs, outputs, filters, binary_output, chunks, shared, places
+    )
     text = codec.dumps(reply, all_finite)
     info.compute_output = time.perf_counter() - started
     if not chunks:
@@ -192,9 +243,10 @@ async def infer(rest: Rest, request: web.Request, call: Call, info: RequestInfo)
     return response
 
 
-def _parameters(doc: Any, info: RequestInfo) -> tuple[Any, str, bool, dict[str, bool], dict[str, int]]:
-    """The request's id, signature, binary_data_output, requested outputs (name -> binary) and classifications
-    asked (name -> top N); sets the call's priority and deadline from ``parameters``."""
+def _parameters(doc: Any, info: RequestInfo) -> tuple[Any, str, bool, dict[str, bool], dict[str, int], dict]:
+    """The request's id, signature, binary_data_output, requested outputs (name -> binary), classifications
+    asked (name -> top N) and outputs' places in shared memory (name -> region, offset, byte size); sets the
+    call's priority and deadline from ``parameters``."""
     if not isinstance(doc, dict):
         raise InvalidArgument(
             f'the inference request is a JSON {codec.type_name(doc)}, expected an object {{"inputs": [...], ...}}'
@@ -221,6 +273,7 @@ def _parameters(doc: Any, info: RequestInfo) -> tuple[Any, str, bool, dict[str, 
         raise InvalidArgument(f"'outputs' must be a list of {{\"name\": ...}} objects, got {codec.type_name(outputs)}")
     filters: dict[str, bool] = {}
     classes: dict[str, int] = {}
+    places: dict[str, tuple[str, int, int]] = {}
     for i, out in enumerate(outputs):
         out = _dict(out, f"outputs[{i}]")
         name = out.get("name")
@@ -232,10 +285,10 @@ def _parameters(doc: Any, info: RequestInfo) -> tuple[Any, str, bool, dict[str, 
         if v2_types.CLASSIFICATION in out_params:
             count = _integer(out_params[v2_types.CLASSIFICATION], f"outputs[{i}].parameters.classification", "top N")
             classes[name] = v2_types.classification_count(count, name)
-        if "shared_memory_region" in out_params:
-            raise Unimplemented(f"output {name!r}: shared memory is not supported")
+        if v2_types.SHARED_MEMORY_REGION in out_params:
+            places[name] = _place(out_params, f"outputs[{i}].parameters", f"output {name!r}")
         filters[name] = _boolean(out_params.get("binary_data", binary_output), f"outputs[{i}].parameters.binary_data")
-    return request_id, signature, binary_output, filters, classes
+    return request_id, signature, binary_output, filters, classes, places
 
 
 def _dict(value: Any, where: str) -> dict:
@@ -256,8 +309,9 @@ def _boolean(value: Any, where: str) -> bool:
     return value
 
 
-def decode_inputs(doc: dict, binary: memoryview) -> dict[str, np.ndarray]:
-    """The request's inputs by name: JSON ``data``, or ``binary_data_size`` bytes of ``binary`` each, in order."""
+def decode_inputs(doc: dict, binary: memoryview, shared=None) -> dict[str, np.ndarray]:
+    """The request's inputs by name: JSON ``data``, ``binary_data_size`` bytes of ``binary`` each, in order, or
+    bytes of a shared memory region (``shared``, a SharedMemoryRegistry) read without a copy."""
     inputs = doc.get("inputs")
     if not isinstance(inputs, list) or not inputs:
         raise InvalidArgument(
@@ -281,9 +335,14 @@ def decode_inputs(doc: dict, binary: memoryview) -> dict[str, np.ndarray]:
             raise InvalidArgument(f"input {name!r}: 'shape' must be a list of integers, got {codec.show(shape)}")
         count = v2_types.element_count(shape, name)
         params = _dict(tensor.get("parameters", {}), f"inputs[{i}].parameters")
-        if "shared_memory_region" in params:
-            raise Unimplemented(f"input {name!r}: shared memory is not supported; send the data in the request")
-        if "binary_data_size" in params:
+        if v2_types.SHARED_MEMORY_REGION in params:
+            if shared is None:
+                raise Unimplemented(f"input {name!r}: shared memory is not supported here; send the data")
+            if "data" in tensor or "binary_data_size" in params:
+                raise InvalidArgument(f"input {name!r} has data and a shared memory region: send one of them")
+            region, start, size = _place(params, f"inputs[{i}].parameters", f"input {name!r}")
+            raw = shared.read(region, start, size, name)
+        elif "binary_data_size" in params:
             size = params["binary_data_size"]
             if isinstance(size, bool) or not isinstance(size, int) or size < 0:
                 raise InvalidArgument(f"input {name!r}: binary_data_size must be a byte count, got {codec.show(size)}")
@@ -296,16 +355,17 @@ def decode_inputs(doc: dict, binary: memoryview) -> dict[str, np.ndarray]:
                 )
             raw = binary[offset : offset + size]
             offset += size
-            if datatype == v2_types.BYTES and count * 4 > size:
-                raise InvalidArgument(
-                    f"input {name!r}: {size} bytes cannot hold the {count} BYTES elements of shape {shape} (each "
-                    f"takes at least its 4-byte length)"
-                )
-            arrays[name] = v2_types.from_raw(raw, datatype, shape, name)
         elif "data" in tensor:
             arrays[name] = _from_data(tensor["data"], datatype, dtype, shape, count, name, i)
+            continue
         else:
             raise InvalidArgument(f"input {name!r} has no 'data' and no parameters.binary_data_size")
+        if datatype == v2_types.BYTES and count * 4 > len(raw):
+            raise InvalidArgument(
+                f"input {name!r}: {len(raw)} bytes cannot hold the {count} BYTES elements of shape {shape} (each "
+                f"takes at least its 4-byte length)"
+            )
+        arrays[name] = v2_types.from_raw(raw, datatype, shape, name)
     if offset != len(binary):
         raise InvalidArgument(
             f"{len(binary) - offset} bytes of binary data are left after the inputs' binary_data_size "
@@ -341,9 +401,15 @@ def _leaves(value: Any, out: list) -> None:
 
 
 def encode_outputs(
-    outputs: dict[str, np.ndarray], filters: dict[str, bool], binary_output: bool, chunks: list
+    outputs: dict[str, np.ndarray],
+    filters: dict[str, bool],
+    binary_output: bool,
+    chunks: list,
+    shared=None,
+    places: dict | None = None,
 ) -> tuple[list[dict], bool]:
-    """The answer's ``outputs`` entries; raw data of binary outputs is appended to ``chunks`` in order."""
+    """The answer's ``outputs`` entries; raw data of binary outputs is appended to ``chunks`` in order, that of
+    outputs with a place in shared memory (``places``) written there (``shared``) and left out of the answer."""
     entries = []
     all_finite = True
     for name, array in outputs.items():
@@ -355,7 +421,12 @@ def encode_outputs(
                 f"(use TensorFlow Serving's REST or gRPC Predict for it)"
             ) from None
         entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
-        if filters.get(name, binary_output):
+        if places and name in places:
+            region, offset, size = places[name]
+            data = v2_types.to_raw(array)
+            shared.write(region, offset, data, size, name)
+            entry["parameters"] = {v2_types.SHARED_MEMORY_REGION: region, "shared_memory_byte_size": len(data)}
+        elif filters.get(name, binary_output):
             raw = raw_view(array)
             entry["parameters"] = {"binary_data_size": len(raw)}
             chunks.append(raw)

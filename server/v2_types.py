@@ -261,33 +261,62 @@ def from_contents(contents, datatype_: str, shape, tensor: str) -> np.ndarray:
     return flat.reshape(shape)
 
 
-def decode_infer_inputs(inputs, raw_input_contents) -> tuple[dict[str, np.ndarray], bool]:
-    """A ModelInferRequest's inputs by name, and whether they came raw. Raw fixed-size inputs are arrays over the
-    request's bytes (no copy). INVALID_ARGUMENT names the input and what was expected."""
-    raw = len(raw_input_contents) > 0
-    if raw and len(raw_input_contents) != len(inputs):
+SHARED_MEMORY_REGION = "shared_memory_region"
+
+
+def shared_memory_place(parameters, tensor: str) -> tuple[str, int, int]:
+    """An input's or output's place in shared memory from its InferParameters: the region's name, the offset in
+    it (``shared_memory_offset``, default 0) and the byte size (``shared_memory_byte_size``)."""
+    region = parameters[SHARED_MEMORY_REGION]
+    if region.WhichOneof("parameter_choice") != "string_param":
+        raise InvalidArgument(f"{tensor}: parameter {SHARED_MEMORY_REGION!r} must be a string_param naming a region")
+    if "shared_memory_byte_size" not in parameters:
+        raise InvalidArgument(f"{tensor}: a shared memory region needs parameter 'shared_memory_byte_size'")
+    size = integer_parameter(parameters["shared_memory_byte_size"], "shared_memory_byte_size", "bytes")
+    offset = 0
+    if "shared_memory_offset" in parameters:
+        offset = integer_parameter(parameters["shared_memory_offset"], "shared_memory_offset", "bytes")
+    return region.string_param, offset, size
+
+
+def decode_infer_inputs(inputs, raw_input_contents, shared=None) -> tuple[dict[str, np.ndarray], bool]:
+    """A ModelInferRequest's inputs by name, and whether they came raw (or from shared memory, read from
+    ``shared``, a SharedMemoryRegistry). Raw fixed-size inputs are arrays over the request's bytes or the shared
+    memory (no copy). INVALID_ARGUMENT names the input and what was expected."""
+    in_memory = sum(SHARED_MEMORY_REGION in t.parameters for t in inputs)
+    raw = len(raw_input_contents) > 0 or in_memory > 0
+    if raw_input_contents and len(raw_input_contents) != len(inputs) - in_memory:
         raise InvalidArgument(
-            f"raw_input_contents holds {len(raw_input_contents)} entries but the request has {len(inputs)} "
-            f"input(s): send one per input, in the order of inputs, or none"
+            f"raw_input_contents holds {len(raw_input_contents)} entries but the request has "
+            f"{len(inputs) - in_memory} input(s) not in shared memory: send one per input, in the order of "
+            f"inputs, or none"
         )
     arrays: dict[str, np.ndarray] = {}
+    sent = 0  # raw_input_contents entries taken: one per input not in shared memory
     for i, tensor in enumerate(inputs):
         name = tensor.name
         if not name:
             raise InvalidArgument(f"input {i} has no name")
         if name in arrays:
             raise InvalidArgument(f"input {name!r} is sent twice")
-        if "shared_memory_region" in tensor.parameters:
-            raise Unimplemented(f"input {name!r}: shared memory is not supported; send the data in the request")
         shape = tuple(tensor.shape)
-        if not raw:
+        if SHARED_MEMORY_REGION in tensor.parameters:
+            if shared is None:
+                raise Unimplemented(f"input {name!r}: shared memory is not supported here; send the data")
+            if tensor.contents.ListFields():
+                raise InvalidArgument(f"input {name!r} has typed contents and a shared memory region: send one")
+            region, offset, size = shared_memory_place(tensor.parameters, f"input {name!r}")
+            data = shared.read(region, offset, size, name)
+        elif not raw_input_contents:
             arrays[name] = from_contents(tensor.contents, tensor.datatype, shape, name)
             continue
-        if tensor.contents.ListFields():
-            raise InvalidArgument(
-                f"input {name!r} has typed contents and raw_input_contents[{i}]: send its data in one of them"
-            )
-        data = raw_input_contents[i]
+        else:
+            if tensor.contents.ListFields():
+                raise InvalidArgument(
+                    f"input {name!r} has typed contents and raw_input_contents[{sent}]: send its data in one of them"
+                )
+            data = raw_input_contents[sent]
+            sent += 1
         if tensor.datatype == BYTES and element_count(shape, name) * 4 > len(data):
             raise InvalidArgument(
                 f"input {name!r}: {len(data)} raw bytes cannot hold the {element_count(shape, name)} BYTES elements "
@@ -309,9 +338,12 @@ def fill_contents(contents, array: np.ndarray) -> None:
         getattr(contents, field).extend(flat.tolist())
 
 
-def fill_infer_outputs(response, outputs: dict[str, np.ndarray], raw: bool) -> None:
+def fill_infer_outputs(response, outputs: dict[str, np.ndarray], raw: bool, shared=None, places=None) -> None:
     """Add ``outputs`` to a ModelInferResponse: in ``raw_output_contents`` when ``raw`` or when an output has no
-    typed field (FP16, BF16), else in typed contents. FAILED_PRECONDITION for an output v2 cannot carry."""
+    typed field (FP16, BF16), else in typed contents; those with a place in shared memory (``places``: name ->
+    region, offset, byte size) are written there (``shared``, a SharedMemoryRegistry) and answered without data.
+    FAILED_PRECONDITION for an output v2 cannot carry."""
+    places = places or {}
     datatypes = {}
     for name, array in outputs.items():
         try:
@@ -327,7 +359,15 @@ def fill_infer_outputs(response, outputs: dict[str, np.ndarray], raw: bool) -> N
         out.name = name
         out.datatype = datatypes[name]
         out.shape.extend(array.shape)
-        if raw:
+        if name in places:
+            region, offset, size = places[name]
+            data = to_raw(array)
+            shared.write(region, offset, data, size, name)
+            out.parameters[SHARED_MEMORY_REGION].string_param = region
+            out.parameters["shared_memory_byte_size"].int64_param = len(data)
+            if raw:
+                response.raw_output_contents.append(b"")  # clients find outputs' raw data by position
+        elif raw:
             response.raw_output_contents.append(to_raw(array))
         else:
             fill_contents(out.contents, array)

@@ -99,6 +99,8 @@ def test_inference_proto_is_wire_compatible_with_tritonclient():
         "ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelConfig", "ModelStatistics",
         "ModelInfer",
         "ModelStreamInfer", "RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload",
+        "SystemSharedMemoryStatus", "SystemSharedMemoryRegister", "SystemSharedMemoryUnregister",
+        "CudaSharedMemoryStatus", "CudaSharedMemoryRegister", "CudaSharedMemoryUnregister",
     }  # fmt: skip
     for name, signature in servex["methods"].items():
         method = triton_service.methods_by_name[name]

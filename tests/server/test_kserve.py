@@ -176,8 +176,9 @@ def test_duplicate_and_nameless_inputs_are_invalid():
         decode(request)
 
 
-def test_shared_memory_is_unimplemented():
+def test_shared_memory_without_a_registry_is_unimplemented():
     request = raw_request({"a": np.zeros(2, np.float32)})
+    del request.raw_input_contents[:]  # its data is in the region
     request.inputs[0].parameters["shared_memory_region"].string_param = "region"
     with pytest.raises(Unimplemented, match="shared memory is not supported"):
         decode(request)

@@ -13,7 +13,7 @@ import pytest
 from tensorflow.core.framework import types_pb2
 from tensorflow_serving.apis import regression_pb2
 
-from loader.errors import FailedPrecondition, InvalidArgument, Unimplemented
+from loader.errors import FailedPrecondition, InvalidArgument
 from loader.saved_model import TensorSpec
 from server import rest_v2, v2_types
 from server.core import RequestInfo
@@ -140,16 +140,20 @@ def test_parameters_priority_timeout_and_outputs():
         "parameters": {"priority": 9, "timeout": 5_000_000, "binary_data_output": True},
         "outputs": [{"name": "a"}, {"name": "b", "parameters": {"binary_data": False, "classification": 3}}],
     }
-    request_id, signature, binary, filters, classes = rest_v2._parameters(doc, info)
+    request_id, signature, binary, filters, classes, places = rest_v2._parameters(doc, info)
     assert (request_id, signature, binary, filters) == ("r", "", True, {"a": True, "b": False})
-    assert classes == {"b": 3}
+    assert classes == {"b": 3} and places == {}
     assert info.priority == 9 and info.deadline is not None
     with pytest.raises(InvalidArgument, match="priority must be an integer"):
         rest_v2._parameters({"parameters": {"priority": True}}, RequestInfo())
     with pytest.raises(InvalidArgument, match="requested twice"):
         rest_v2._parameters({"outputs": [{"name": "a"}, {"name": "a"}]}, RequestInfo())
-    with pytest.raises(Unimplemented):
+    with pytest.raises(InvalidArgument, match="output 'a': a shared memory region needs parameters.shared_memory_b"):
         rest_v2._parameters({"outputs": [{"name": "a", "parameters": {"shared_memory_region": "r"}}]}, RequestInfo())
+    shared = {"shared_memory_region": "r", "shared_memory_byte_size": 64, "shared_memory_offset": 8}
+    assert rest_v2._parameters({"outputs": [{"name": "a", "parameters": shared}]}, RequestInfo())[5] == {
+        "a": ("r", 8, 64)
+    }
 
 
 def test_classified_outputs_are_the_top_classes_per_row():
