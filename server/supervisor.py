@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 
+from server.listeners import refuse_if_taken
 from server.settings import ServerSettings
 
 log = logging.getLogger("servex.supervisor")
@@ -55,6 +56,11 @@ def supervise(settings: ServerSettings, argv: list[str]) -> int:
     exit_code = 0
     try:  # whatever fails from here on, no serving process outlives the supervisor
         metrics_server = _start_metrics(settings, metrics_dir)  # first: a taken port starts no process
+        # The processes share their ports with SO_REUSEPORT, which would let them in beside another server (a
+        # second servex group, say) instead of failing: a port some other process listens on stops the group.
+        refuse_if_taken(settings.bind_address, settings.port)
+        if settings.rest_api_port:
+            refuse_if_taken(settings.bind_address, settings.rest_api_port)
         for _ in range(n):
             children.append(subprocess.Popen(command, env=env))
         log.info("supervising %d serving processes (pids %s) on port %d", n, [c.pid for c in children], settings.port)

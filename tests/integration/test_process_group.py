@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import time
 from pathlib import Path
 
@@ -19,8 +20,9 @@ from tensorflow_serving.apis import (
     prediction_service_pb2_grpc,
 )
 
+from server.settings import ServerSettings
 from tests.conftest import HALF_PLUS_TWO_TF1
-from tests.integration.daemon import Daemon, metric, run_to_exit
+from tests.integration.daemon import Daemon, free_port, listening_sockets, metric, run_to_exit
 
 CONNECTIONS = 16
 
@@ -128,8 +130,6 @@ def test_a_process_that_dies_stops_the_group(tmp_path):
 
 
 def test_a_taken_metrics_port_fails_the_group_at_start_and_leaves_no_process():
-    import socket
-
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -142,3 +142,21 @@ def test_a_taken_metrics_port_fails_the_group_at_start_and_leaves_no_process():
     assert result.returncode == 1
     assert "cannot run the serving processes" in result.stderr and "Address already in use" in result.stderr
     assert "supervising" not in result.stderr  # no serving process was started
+
+
+@pytest.mark.parametrize("flag", ["--port", "--rest_api_port"])
+def test_a_port_another_server_listens_on_fails_the_group_at_start(start_daemon, flag):
+    other = start_daemon()  # a servex alone on its ports: its listeners use SO_REUSEPORT too
+    port = other.port if flag == "--port" else free_port()
+    with socket.socket() as taken:
+        if flag == "--rest_api_port":
+            taken.bind(("127.0.0.1", port))
+            taken.listen()
+        result = run_to_exit(
+            [f"--model_base_path={HALF_PLUS_TWO_TF1}", "--model_name=half", "--serving_processes=2", f"{flag}={port}"],
+            timeout=120,
+        )
+    assert result.returncode == 1
+    assert "cannot run the serving processes" in result.stderr and "Address already in use" in result.stderr
+    assert "supervising" not in result.stderr  # no serving process was started
+    assert listening_sockets(other.port) == ServerSettings().grpc_listeners  # the first one's, untouched
