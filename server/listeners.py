@@ -73,7 +73,9 @@ class ListenerGroup(grpc.aio.Server):
         await asyncio.gather(*(server.stop(grace) for server in self.servers))
 
     async def wait_for_termination(self, timeout: float | None = None) -> bool:
-        return await self.servers[0].wait_for_termination(timeout)
+        """Until every listener has stopped; True when ``timeout`` passed first (as grpc.aio.Server's)."""
+        timed_out = await asyncio.gather(*(server.wait_for_termination(timeout) for server in self.servers))
+        return any(timed_out)
 
 
 def refuse_if_taken(host: str, port: int) -> None:

@@ -54,9 +54,11 @@ def test_every_listener_binds_the_port_and_connections_are_served_whichever_take
             assert shouted == [f"HEY {i}".encode() for i in range(16)]
             for c in channels:
                 await c.close()
+            assert await group.wait_for_termination(0.05) is True  # still serving
         finally:
             await group.stop(None)
         assert listening_sockets(port) == 0
+        assert await group.wait_for_termination(1) is False
 
     asyncio.run(main())
 
