@@ -43,8 +43,13 @@ class ListenerGroup(grpc.aio.Server):
             server.add_generic_rpc_handlers(handlers)
 
     def add_registered_method_handlers(self, service_name: str, method_handlers) -> None:
-        for server in self.servers:
-            server.add_registered_method_handlers(service_name, method_handlers)
+        """Added as a generic handler (what the generated code asks for as a registered method).
+
+        grpcio's asyncio server waits for the next call with one pending request per registered method plus one
+        for the generic ones, through an asyncio.wait over all of them per call: 15.1 µs with servex's 29
+        registered methods against 7.2 µs with one (in process). As generic handlers: 7,117 req/s against 6,735
+        on the MLP at 32 callers with batching (means of 6 alternating runs; generic won 5 of the 6 pairs)."""
+        self.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service_name, method_handlers),))
 
     def add_insecure_port(self, address: str) -> int:
         """Bind every listener to ``address`` ("host:port"; port 0 picks a free one for all); the port bound.
