@@ -126,3 +126,31 @@ def test_a_group_is_a_grpc_aio_server_so_reflection_serves_its_asyncio_servicer_
 def test_a_group_needs_a_listener():
     with pytest.raises(ValueError, match="at least 1"):
         ListenerGroup(0, [])
+
+
+def test_methods_are_served_as_generic_handlers_each_once():
+    """Registered methods cost grpcio's asyncio server an asyncio.wait over all of them per call (see
+    ListenerGroup.add_registered_method_handlers): the group adds them as generic handlers, once each."""
+
+    async def main() -> None:
+        group = ListenerGroup(2, [])
+
+        async def say(request: bytes, context) -> bytes:
+            return b"said " + request
+
+        handlers = {"Say": grpc.unary_unary_rpc_method_handler(say)}
+        group.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+        group.add_registered_method_handlers(SERVICE, handlers)  # what generated code does next: nothing more
+        group.add_registered_method_handlers(SERVICE, {"Again": handlers["Say"]})  # a method not served yet
+        group.add_registered_method_handlers("servex.test.Other", handlers)  # another service
+        assert len(group._generic) == 3
+        port = group.add_insecure_port("127.0.0.1:0")
+        await group.start()
+        try:
+            async with _channel(port) as channel:
+                for method in (f"/{SERVICE}/Say", f"/{SERVICE}/Again", "/servex.test.Other/Say"):
+                    assert await channel.unary_unary(method)(b"x", timeout=10) == b"said x", method
+        finally:
+            await group.stop(None)
+
+    asyncio.run(main())
