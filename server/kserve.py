@@ -28,13 +28,14 @@ from protos.inference import grpc_service_pb2_grpc as pb_grpc
 from server import v2_config, v2_stats, v2_types
 from server.core import REQUEST, RequestInfo, ServingCore, checked_priority
 from server.rpc import record, request_info, rpc
+from server.shared_memory import NO_CUDA_MEMORY
 from server.v2_config import PLATFORM
 
 log = logging.getLogger(__name__)
 
 SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
-# What ServerMetadata lists: the repository extension (on the admin port), request parameters (priority) and
-# classification outputs.
+# What ServerMetadata lists: the repository extension (on the admin port), request parameters (priority),
+# classification outputs and system shared memory.
 EXTENSIONS = ("model_repository", "parameters", "classification", "system_shared_memory")
 PRIORITY = "priority"
 BASE_PATH = "base_path"
@@ -213,8 +214,7 @@ class KServeService(pb_grpc.GRPCInferenceServiceServicer):
 
 
 def _no_cuda_memory() -> Unimplemented:
-    return Unimplemented("CUDA shared memory is not supported: servex reads inputs from host memory; register "
-                         "system shared memory (/dev/shm) instead")  # fmt: skip
+    return Unimplemented(NO_CUDA_MEMORY)
 
 
 def _admin_only(method: str) -> Unimplemented:

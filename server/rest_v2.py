@@ -34,6 +34,7 @@ from server import rest_codec as codec
 from server import v2_config, v2_stats, v2_types
 from server.core import RequestInfo, checked_priority
 from server.rest import Call, HttpError, Rest, accepts_compression, json_response, offload
+from server.shared_memory import NO_CUDA_MEMORY
 from server.v2_config import PLATFORM
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -97,8 +98,7 @@ async def shared_memory_unregister(rest: Rest, request: web.Request, call: Call,
 
 
 async def cuda_shared_memory(rest: Rest, request: web.Request, call: Call, info: RequestInfo) -> web.Response:
-    raise Unimplemented("CUDA shared memory is not supported: servex reads inputs from host memory; register "
-                        "system shared memory (/dev/shm) instead")  # fmt: skip
+    raise Unimplemented(NO_CUDA_MEMORY)
 
 
 def _place(params: dict, where: str, tensor: str) -> tuple[str, int, int]:

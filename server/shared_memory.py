@@ -24,6 +24,10 @@ from pathlib import Path
 from loader.errors import AlreadyExists, InvalidArgument, NotFound
 
 SHM_DIR = Path("/dev/shm")
+NO_CUDA_MEMORY = (
+    "CUDA shared memory is not supported: servex reads inputs from host memory; register system shared memory "
+    "(/dev/shm) instead"
+)
 
 
 @dataclass(frozen=True)

@@ -124,14 +124,8 @@ def test_bad_regions_keys_and_sizes_are_refused_naming_them(daemon, regions, pro
             400,
             "output 'doubled' takes 24 bytes, more than the 8 of shared memory given to it",
         )
-        if protocol == "grpc":
-            expect_error(
-                lambda: client.get_cuda_shared_memory_status(),
-                protocol,
-                "UNIMPLEMENTED",
-                501,
-                "CUDA shared memory is not supported",
-            )
+        expect_error(lambda: client.get_cuda_shared_memory_status(), protocol, "UNIMPLEMENTED", 501,
+                     "CUDA shared memory is not supported")  # fmt: skip
         np.testing.assert_array_equal(client.infer("sum", [x]).as_numpy("doubled"), X * 2)  # serving goes on
     finally:
         client.unregister_system_shared_memory()
