@@ -62,6 +62,8 @@ def add_routes(app: web.Application, rest: Rest) -> None:
     route("POST", "/v2/systemsharedmemory/region/{region}/register", "rest:v2_shared_memory_register",
           shared_memory_register)  # fmt: skip
     route("*", "/v2/cudasharedmemory{tail:.*}", "rest:v2_cuda_shared_memory", cuda_shared_memory)
+    route("POST", "/v2/repository/index", "rest:v2_repository", repository)
+    route("POST", "/v2/repository/models/{name}/{action:load|unload}", "rest:v2_repository", repository)
 
 
 def _version(request: web.Request) -> int | None:
@@ -71,6 +73,13 @@ def _version(request: web.Request) -> int | None:
     if not text.isdigit() or not text.isascii() or int(text) > _INT64_MAX:
         raise InvalidArgument(f"model version {text!r} is not a version number: use e.g. /versions/1")
     return int(text)
+
+
+async def repository(rest: Rest, request: web.Request, call: Call, info: RequestInfo) -> web.Response:
+    """The model repository extension changes what is served: it is on the admin port only, over gRPC."""
+    raise Unimplemented(
+        "the model repository extension is served over gRPC on the admin port (--admin_port), not over REST"
+    )
 
 
 # -- Triton's system shared memory extension (server/shared_memory.py) -----------------------------------

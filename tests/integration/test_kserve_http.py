@@ -94,6 +94,18 @@ def test_metadata(client):
     assert e.value.status() == "404" and "model 'nope' is not served" in e.value.message()
 
 
+@pytest.mark.parametrize(
+    "call",
+    [lambda c: c.get_model_repository_index(), lambda c: c.load_model("mlp"), lambda c: c.unload_model("mlp")],
+    ids=["index", "load", "unload"],
+)
+def test_the_repository_extension_points_to_the_admin_port(client, call):
+    with pytest.raises(InferenceServerException) as e:
+        call(client)
+    assert e.value.status() == "501" and "on the admin port (--admin_port)" in e.value.message()
+    assert client.is_model_ready("mlp")  # nothing was unloaded
+
+
 # -- inference --------------------------------------------------------------------------------------------
 
 
