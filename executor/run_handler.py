@@ -331,8 +331,8 @@ class RunHandler:
                 except BaseException as e:  # handed to the caller, which decides what it means
                     result, ok = e, False
                 seconds = time.monotonic() - started
-                metrics.run_seconds.observe(seconds)
-                metrics.stats.ran(1, 1, seconds)
+                kind.run_seconds.observe(seconds)
+                kind.stats.ran(1, 1, seconds)
                 held.add(item, ok, result)
                 self._finished(item)
             else:

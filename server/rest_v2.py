@@ -318,7 +318,7 @@ def _boolean(value: Any, where: str) -> bool:
     return value
 
 
-def decode_inputs(doc: dict, binary: memoryview, shared=None) -> dict[str, np.ndarray]:
+def decode_inputs(doc: dict, binary: memoryview, shared) -> dict[str, np.ndarray]:
     """The request's inputs by name: JSON ``data``, ``binary_data_size`` bytes of ``binary`` each, in order, or
     bytes of a shared memory region (``shared``, a SharedMemoryRegistry) read without a copy."""
     inputs = doc.get("inputs")
@@ -345,8 +345,6 @@ def decode_inputs(doc: dict, binary: memoryview, shared=None) -> dict[str, np.nd
         count = v2_types.element_count(shape, name)
         params = _dict(tensor.get("parameters", {}), f"inputs[{i}].parameters")
         if v2_types.SHARED_MEMORY_REGION in params:
-            if shared is None:
-                raise Unimplemented(f"input {name!r}: shared memory is not supported here; send the data")
             if "data" in tensor or "binary_data_size" in params:
                 raise InvalidArgument(f"input {name!r} has data and a shared memory region: send one of them")
             region, start, size = _place(params, f"inputs[{i}].parameters", f"input {name!r}")
@@ -369,11 +367,6 @@ def decode_inputs(doc: dict, binary: memoryview, shared=None) -> dict[str, np.nd
             continue
         else:
             raise InvalidArgument(f"input {name!r} has no 'data' and no parameters.binary_data_size")
-        if datatype == v2_types.BYTES and count * 4 > len(raw):
-            raise InvalidArgument(
-                f"input {name!r}: {len(raw)} bytes cannot hold the {count} BYTES elements of shape {shape} (each "
-                f"takes at least its 4-byte length)"
-            )
         arrays[name] = v2_types.from_raw(raw, datatype, shape, name)
     if offset != len(binary):
         raise InvalidArgument(

@@ -14,7 +14,7 @@ import struct
 import ml_dtypes
 import numpy as np
 
-from loader.errors import FailedPrecondition, InvalidArgument, Unimplemented
+from loader.errors import FailedPrecondition, InvalidArgument
 
 BYTES = "BYTES"
 
@@ -94,7 +94,8 @@ def decode_bytes(raw: bytes | memoryview, count: int, tensor: str) -> np.ndarray
     view = memoryview(raw)
     if count > len(view) // 4:  # every element takes at least its 4-byte length: refuse before allocating
         raise InvalidArgument(
-            f"input {tensor!r}: {len(view)} bytes cannot hold {count} BYTES elements (4-byte length each at least)"
+            f"input {tensor!r}: {len(view)} bytes cannot hold the {count} BYTES elements (each takes at least its "
+            f"4-byte length)"
         )
     out = np.empty(count, dtype=object)
     offset = 0
@@ -279,7 +280,7 @@ def shared_memory_place(parameters, tensor: str) -> tuple[str, int, int]:
     return region.string_param, offset, size
 
 
-def decode_infer_inputs(inputs, raw_input_contents, shared=None) -> tuple[dict[str, np.ndarray], bool]:
+def decode_infer_inputs(inputs, raw_input_contents, shared) -> tuple[dict[str, np.ndarray], bool]:
     """A ModelInferRequest's inputs by name, and whether they came raw (or from shared memory, read from
     ``shared``, a SharedMemoryRegistry). Raw fixed-size inputs are arrays over the request's bytes or the shared
     memory (no copy). INVALID_ARGUMENT names the input and what was expected."""
@@ -301,8 +302,6 @@ def decode_infer_inputs(inputs, raw_input_contents, shared=None) -> tuple[dict[s
             raise InvalidArgument(f"input {name!r} is sent twice")
         shape = tuple(tensor.shape)
         if SHARED_MEMORY_REGION in tensor.parameters:
-            if shared is None:
-                raise Unimplemented(f"input {name!r}: shared memory is not supported here; send the data")
             if tensor.contents.ListFields():
                 raise InvalidArgument(f"input {name!r} has typed contents and a shared memory region: send one")
             region, offset, size = shared_memory_place(tensor.parameters, f"input {name!r}")
@@ -317,11 +316,6 @@ def decode_infer_inputs(inputs, raw_input_contents, shared=None) -> tuple[dict[s
                 )
             data = raw_input_contents[sent]
             sent += 1
-        if tensor.datatype == BYTES and element_count(shape, name) * 4 > len(data):
-            raise InvalidArgument(
-                f"input {name!r}: {len(data)} raw bytes cannot hold the {element_count(shape, name)} BYTES elements "
-                f"of shape {list(shape)} (each takes at least its 4-byte length)"
-            )
         arrays[name] = from_raw(data, tensor.datatype, shape, name)
     return arrays, raw
 

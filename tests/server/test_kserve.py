@@ -12,8 +12,9 @@ import pytest
 from tritonclient.grpc import InferInput, service_pb2
 from tritonclient.utils import deserialize_bytes_tensor
 
-from loader.errors import FailedPrecondition, InvalidArgument, Unimplemented
+from loader.errors import FailedPrecondition, InvalidArgument, NotFound
 from server import v2_types
+from server.shared_memory import SharedMemoryRegistry
 
 Request = service_pb2.ModelInferRequest
 
@@ -53,7 +54,7 @@ def typed_input(request: Request, name: str, datatype: str, shape, **contents) -
 
 
 def decode(request: Request):
-    return v2_types.decode_infer_inputs(request.inputs, request.raw_input_contents)
+    return v2_types.decode_infer_inputs(request.inputs, request.raw_input_contents, SharedMemoryRegistry())
 
 
 # -- versions and parameters ---------------------------------------------------------------------------
@@ -176,11 +177,12 @@ def test_duplicate_and_nameless_inputs_are_invalid():
         decode(request)
 
 
-def test_shared_memory_without_a_registry_is_unimplemented():
+def test_an_input_in_a_region_never_registered_is_not_found():
     request = raw_request({"a": np.zeros(2, np.float32)})
     del request.raw_input_contents[:]  # its data is in the region
     request.inputs[0].parameters["shared_memory_region"].string_param = "region"
-    with pytest.raises(Unimplemented, match="shared memory is not supported"):
+    request.inputs[0].parameters["shared_memory_byte_size"].int64_param = 8
+    with pytest.raises(NotFound, match="input 'a': shared memory region 'region' is not registered"):
         decode(request)
 
 
@@ -301,5 +303,5 @@ def test_an_output_v2_cannot_carry_is_named():
 def test_decode_bytes_refuses_a_count_the_data_cannot_hold_before_allocating():
     from server.v2_types import decode_bytes
 
-    with pytest.raises(InvalidArgument, match="7 bytes cannot hold 10000000000 BYTES elements"):
+    with pytest.raises(InvalidArgument, match="7 bytes cannot hold the 10000000000 BYTES elements"):
         decode_bytes(b"\x03\x00\x00\x00abc", 10**10, "s")

@@ -18,6 +18,7 @@ from loader.saved_model import TensorSpec
 from server import rest_v2, v2_types
 from server.core import RequestInfo
 from server.rest_tfserving import decode_predict, encode_predict, fill_input
+from server.shared_memory import SharedMemoryRegistry
 
 X = TensorSpec("x:0", types_pb2.DT_FLOAT, np.dtype(np.float32), (None, 2))
 S = TensorSpec("s:0", types_pb2.DT_STRING, np.dtype(object), (None,))
@@ -127,7 +128,7 @@ def test_binary_inputs_are_views_over_the_body():
             {"name": "j", "shape": [2, 2], "datatype": "INT64", "data": [[1, 2], [3, 4]]},
         ]
     }
-    arrays = rest_v2.decode_inputs(doc, body)
+    arrays = rest_v2.decode_inputs(doc, body, SharedMemoryRegistry())
     assert arrays["a"].tolist() == [[0, 1, 2], [3, 4, 5]]
     assert np.shares_memory(arrays["a"], np.frombuffer(body, np.uint8))  # no copy of the body
     assert arrays["s"].tolist() == [b"hi"] and arrays["j"].dtype == np.int64
