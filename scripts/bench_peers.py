@@ -1,7 +1,8 @@
 """servex against its peers, side by side in one run: KServe v2 gRPC ModelInfer, batch-1 requests on the MLP.
 
-    python scripts/bench_peers.py [--seconds 8] [--concurrency 1,8,32] [--peers_dir /tmp/servex-peers]
-                                  [--only servex,servex_batching,servex_1listener,servex_2proc,kserve,mlserver,echo]
+    python scripts/bench_peers.py [--seconds 8] [--concurrency 1,8,32] [--peers_dir /tmp/servex-peers] [--rounds 1]
+                                  [--only servex,servex_batching,servex_pinned,servex_1listener,servex_2proc,kserve,
+                                          mlserver,echo]
 
 Uses the shared kit in ../shared/bench only (never copied): make_models.py exports the MLP, peers/setup.sh must
 have built the peer venvs (KServe's Python ModelServer, MLServer with adaptive batching 32 / 2 ms), echo_floor.py
@@ -9,7 +10,9 @@ is the do-nothing Python gRPC floor. Every server gets the same SavedModel and t
 h2load (h2grpc.py) at each concurrency for throughput and mean latency, then the kit's Python driver (loadgen.py)
 at the highest concurrency for p99 and to count errors (h2load counts HTTP-level success only); h2load's own
 per-request log gives a second p99 there, from a client that takes little CPU from the server. Servers run one
-at a time. Prints one JSON line per measurement, then a markdown table.
+at a time. Prints one JSON line per measurement, then a markdown table. With ``--rounds R`` the whole list runs R
+times, servers alternating, and the table gives each figure's median over the rounds (the req/s of each round at
+the highest concurrency follow it): on a small shared machine one run can be 15% off either way.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import os
 import shutil
 import signal
 import socket
+import statistics
 import struct
 import subprocess
 import sys
@@ -53,6 +57,7 @@ def servers(work: Path, peers: Path) -> dict[str, callable]:
     return {
         "servex": lambda port: [*servex, f"--port={port}"],
         "servex_batching": lambda port: [*servex, f"--port={port}", "--enable_batching"],
+        "servex_pinned": lambda port: [*servex, f"--port={port}", "--enable_batching", "--event_loop_cpu=0"],
         "servex_1listener": lambda port: [*servex, f"--port={port}", "--enable_batching", "--grpc_listeners=1"],
         "servex_2proc": lambda port: [*servex, f"--port={port}", "--enable_batching", "--serving_processes=2"],
         "kserve": lambda port: [
@@ -127,7 +132,10 @@ def main() -> None:
     ap.add_argument("--seconds", type=int, default=8)
     ap.add_argument("--concurrency", default="1,8,32")
     ap.add_argument("--peers_dir", default=os.environ.get("PEERS_DIR", "/tmp/servex-peers"))
-    ap.add_argument("--only", default="servex,servex_batching,servex_1listener,servex_2proc,kserve,mlserver,echo")
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument(
+        "--only", default="servex,servex_batching,servex_pinned,servex_1listener,servex_2proc,kserve,mlserver,echo"
+    )
     ap.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "servex-bench"))
     a = ap.parse_args()
     if shutil.which("h2load") is None:
@@ -140,8 +148,8 @@ def main() -> None:
     levels = [int(c) for c in a.concurrency.split(",")]
     commands = servers(work, Path(a.peers_dir))
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PEERS_DIR=a.peers_dir)
-    rows = {}
-    for name in a.only.split(","):
+    rows: dict[str, list] = {}
+    for name in [name for _ in range(a.rounds) for name in a.only.split(",")]:
         port = free_port()
         log = open(work / f"{name}.log", "wb")
         proc = subprocess.Popen(commands[name](port), cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env,
@@ -163,7 +171,7 @@ def main() -> None:
             check = loadgen(port, levels[-1], a.seconds)
             check["server"] = name
             print(json.dumps(check), flush=True)
-            rows[name] = (row, tail, check)
+            rows.setdefault(name, []).append((row, tail, check))
         finally:
             os.killpg(proc.pid, signal.SIGTERM)
             try:
@@ -176,10 +184,18 @@ def main() -> None:
     print("| server | " + " | ".join(f"c={c} req/s | c={c} mean ms" for c in levels)
           + f" | c={top} p99 ms (h2load) | c={top} p99 ms (Python client) | errors |")  # fmt: skip
     print("| --- " * (2 * len(levels) + 4) + "|")
-    for name, (row, tail, check) in rows.items():
-        cells = " | ".join(f"{row[c]['rps']:,.0f} | {row[c]['mean_ms']}" for c in levels)
-        errors = check["errors"] + (row[top]["failed"] or 0)
-        print(f"| {name} | {cells} | {tail['p99_ms']} | {check['p99_ms']} | {errors} |")
+    for name, runs in rows.items():
+        rps = {c: statistics.median(row[c]["rps"] for row, _, _ in runs) for c in levels}
+        mean = {c: statistics.median(row[c]["mean_ms"] for row, _, _ in runs) for c in levels}
+        cells = " | ".join(f"{rps[c]:,.0f} | {mean[c]:.2f}" for c in levels)
+        p99_h2load = statistics.median(tail["p99_ms"] for _, tail, _ in runs)
+        p99_python = statistics.median(check["p99_ms"] for _, _, check in runs)
+        errors = sum(check["errors"] + (row[top]["failed"] or 0) for row, _, check in runs)
+        print(f"| {name} | {cells} | {p99_h2load:.1f} | {p99_python:.1f} | {errors} |")
+    if a.rounds > 1:
+        print()
+        for name, runs in rows.items():
+            print(f"{name}: c={top} req/s by round: " + ", ".join(f"{row[top]['rps']:,.0f}" for row, _, _ in runs))
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ from loader.config import ModelSpec, parse_model_config
 from loader.errors import InvalidArgument
 from protos.servex.v1 import batching_pb2, graph_executor_pb2, graph_executor_pb2_grpc, variables_pb2_grpc
 from server.admin import BearerTokenInterceptor, VariableService
+from server.affinity import LoopPin
 from server.core import ServingCore
 from server.graph_service import GraphExecutorService
 from server.listeners import ListenerGroup
@@ -321,6 +322,7 @@ async def serve(settings: ServerSettings) -> int:
         metrics_server = start_metrics_server(settings.metrics_port, settings.bind_address)
 
     tasks: list[asyncio.Task] = []
+    pin: LoopPin | None = None
     exit_code = 0
     try:
         specs, config_text = initial_specs(settings)
@@ -342,6 +344,9 @@ async def serve(settings: ServerSettings) -> int:
                 if settings.model_config_file and settings.model_config_file_poll_wait_seconds > 0:
                     tasks.append(asyncio.ensure_future(lifecycle.poll_config(config_text)))
                 log.info("froze %d start-up objects out of the garbage collector's scans", settle_heap())
+                if settings.event_loop_cpu >= 0:
+                    pin = LoopPin(settings.event_loop_cpu)
+                    pin.pin()
                 log.info("servex ready on %s, serving %s", address, ", ".join(available))
                 await stop.wait()
     except (OSError, InvalidArgument) as e:
@@ -349,6 +354,8 @@ async def serve(settings: ServerSettings) -> int:
         exit_code = 1
     for task in tasks:
         task.cancel()
+    if pin is not None:
+        pin.unpin()
 
     log.info("draining: no new calls, in-flight calls have %.0fs to finish", settings.drain_seconds)
     await health_servicer.enter_graceful_shutdown()

@@ -10,6 +10,7 @@ import logging
 import os
 import sys
 
+from server import affinity
 from server.settings import DEMO_MODEL_NAME, ServerSettings
 
 
@@ -241,6 +242,13 @@ def build_parser() -> argparse.ArgumentParser:
         "grpcio's asyncio server accepts one call at a time per listener; the kernel spreads connections over them",
     )
     p.add_argument(
+        "--event_loop_cpu",
+        type=int,
+        default=d.event_loop_cpu,
+        help="pin the event loop thread to this CPU once the models are in (other threads keep every CPU); -1: "
+        "leave it to the scheduler. For dedicated hosts or whole-CPU pods; in a process group each takes the next",
+    )
+    p.add_argument(
         "--serving_processes",
         type=int,
         default=d.serving_processes,
@@ -263,6 +271,11 @@ def parse_settings(argv: list[str] | None = None) -> tuple[ServerSettings, str]:
     admin_port = args.admin_port or (8503 if args.admin_token_file else 0)
     if args.grpc_listeners < 1:
         build_parser().error(f"--grpc_listeners must be at least 1, got {args.grpc_listeners}")
+    if args.event_loop_cpu != -1:
+        try:
+            affinity.check_cpu(args.event_loop_cpu)
+        except ValueError as e:
+            build_parser().error(str(e))
     if args.serving_processes < 1:
         build_parser().error(f"--serving_processes must be at least 1, got {args.serving_processes}")
     if args.serving_processes > 1 and admin_port:
@@ -313,6 +326,7 @@ def parse_settings(argv: list[str] | None = None) -> tuple[ServerSettings, str]:
         tensor_content_outputs=args.tensor_content_outputs,
         drain_seconds=args.drain_seconds,
         grpc_listeners=args.grpc_listeners,
+        event_loop_cpu=args.event_loop_cpu,
         serving_processes=args.serving_processes,
         process_group_size=args.process_group_size,
     )

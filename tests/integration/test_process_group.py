@@ -4,6 +4,7 @@ them all, one that dies stops the group, and what would reach one process only i
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import time
@@ -20,11 +21,13 @@ from tensorflow_serving.apis import (
     prediction_service_pb2_grpc,
 )
 
+from server.affinity import group_cpu
 from server.settings import ServerSettings
 from tests.conftest import HALF_PLUS_TWO_TF1
 from tests.integration.daemon import Daemon, free_port, listening_sockets, metric, run_to_exit
 
 CONNECTIONS = 16
+FIRST_CPU = max(os.sched_getaffinity(0))
 
 
 def _children(pid: int) -> list[int]:
@@ -62,7 +65,12 @@ def _predict(channel, x: list[float]) -> list[float]:
 @pytest.fixture(scope="module")
 def group(tmp_path_factory):
     daemon = Daemon(
-        [f"--model_base_path={HALF_PLUS_TWO_TF1}", "--model_name=half", "--serving_processes=2"],
+        [
+            f"--model_base_path={HALF_PLUS_TWO_TF1}",
+            "--model_name=half",
+            "--serving_processes=2",
+            f"--event_loop_cpu={FIRST_CPU}",
+        ],
         tmp_path_factory.mktemp("group"),
     )
     yield daemon.wait_serving()
@@ -89,6 +97,16 @@ def test_both_processes_serve_the_port_and_metrics_add_up(group):
         for channel in channels:
             channel.close()
     assert metric(group, "servex_requests_total", method="Predict", model="half", code="OK") == CONNECTIONS
+
+
+def test_each_process_pins_its_event_loop_to_the_next_cpu(group):
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and group.log().count("event loop pinned") < 2:
+        time.sleep(0.2)  # each pins once its models are in
+    loops = [Path(f"/proc/{pid}/task/{pid}/status").read_text() for pid in _children(group.proc.pid)]
+    pinned = sorted(int(re.search(r"Cpus_allowed_list:\s*(\d+)\n", status).group(1)) for status in loops)
+    assert FIRST_CPU in pinned and len(set(pinned)) == min(2, len(os.sched_getaffinity(0))), group.log()
+    assert pinned == sorted([group_cpu(FIRST_CPU, 0), group_cpu(FIRST_CPU, 1)])
 
 
 def test_reload_by_rpc_is_refused_in_a_group(group):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from server.cli import parse_settings
@@ -20,3 +22,19 @@ def test_a_count_below_one_is_refused_naming_the_flag(flag, value, capsys):
         parse_settings([f"{flag}={value}"])
     assert info.value.code == 2
     assert f"{flag} must be at least 1, got {value}" in capsys.readouterr().err
+
+
+def test_event_loop_cpu_default_off_and_flag():
+    assert parse_settings([])[0].event_loop_cpu == ServerSettings().event_loop_cpu == -1
+    cpu = max(os.sched_getaffinity(0))
+    assert parse_settings([f"--event_loop_cpu={cpu}"])[0].event_loop_cpu == cpu
+
+
+def test_an_event_loop_cpu_the_process_may_not_use_is_refused_naming_the_allowed_ones(capsys):
+    cpu = max(os.sched_getaffinity(0)) + 1
+    with pytest.raises(SystemExit) as info:
+        parse_settings([f"--event_loop_cpu={cpu}"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"--event_loop_cpu={cpu} is not a CPU this process may run on; allowed: " in err
+    assert str(min(os.sched_getaffinity(0))) in err.rsplit("allowed: ", 1)[1]
