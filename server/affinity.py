@@ -1,6 +1,7 @@
 """The event loop's own CPU (``--event_loop_cpu``): the thread that runs the event loop, gRPC's and REST's
 calls and servex's request handling is pinned to one CPU; every other thread of the process keeps the CPUs the
-process started with (the run workers, TensorFlow's pools, gRPC's threads).
+process started with (the run workers, TensorFlow's pools, gRPC's threads). The flag names a CPU by its index
+among those the process may run on, so the same value works in a container given CPUs 4-5 and on a whole host.
 
 Under load the event loop thread is what limits a process (about 90% of a core at 32 callers on the MLP, the
 GIL held 76% of the time, the machine ~30% idle). Left to the scheduler it moves between CPUs and shares one with
@@ -28,26 +29,31 @@ def allowed_cpus() -> set[int]:
     return os.sched_getaffinity(0)
 
 
-def check_cpu(cpu: int) -> None:
-    """ValueError naming the allowed CPUs when ``cpu`` is not one of them."""
-    allowed = allowed_cpus()
-    if cpu not in allowed:
-        raise ValueError(f"--event_loop_cpu={cpu} is not a CPU this process may run on; allowed: {_ranges(allowed)}")
-
-
-def group_cpu(first: int, index: int) -> int:
-    """The event loop CPU of serving process ``index`` of a group whose first process takes ``first``: the next
-    allowed CPUs in turn, so that the processes' loops do not share one."""
+def resolve(index: int) -> int:
+    """The CPU that ``--event_loop_cpu=index`` names: the index-th (from 0) of the CPUs this process may run on, in
+    order. On a host where the process may use every CPU, that is CPU ``index``; in a container given CPUs 4-5, 0
+    is CPU 4. ValueError naming the allowed CPUs when there are not that many."""
     cpus = sorted(allowed_cpus())
-    return cpus[(cpus.index(first) + index) % len(cpus)]
+    if not 0 <= index < len(cpus):
+        raise ValueError(
+            f"--event_loop_cpu={index}: this process may run on {len(cpus)} CPU(s) ({_ranges(set(cpus))}); "
+            f"give an index from 0 to {len(cpus) - 1}"
+        )
+    return cpus[index]
+
+
+def group_index(first: int, process: int) -> int:
+    """The ``--event_loop_cpu`` of serving process ``process`` of a group given ``first``: the next allowed CPUs
+    in turn, so that the processes' loops do not share one while there are CPUs enough."""
+    return (first + process) % len(allowed_cpus())
 
 
 class LoopPin:
-    """Pins the thread that calls ``pin`` (the event loop's) to ``cpu``; ``unpin`` undoes it."""
+    """Pins the thread that calls ``pin`` (the event loop's) to the ``index``-th allowed CPU (``resolve``);
+    ``unpin`` undoes it."""
 
-    def __init__(self, cpu: int, interval: float = 1.0):
-        check_cpu(cpu)
-        self.cpu = cpu
+    def __init__(self, index: int, interval: float = 1.0):
+        self.cpu = resolve(index)
         self.interval = interval
         self.others = allowed_cpus()  # what every other thread keeps
         self.loop_thread: int | None = None

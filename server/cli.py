@@ -245,8 +245,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--event_loop_cpu",
         type=int,
         default=d.event_loop_cpu,
-        help="pin the event loop thread to this CPU once the models are in (other threads keep every CPU); -1: "
-        "leave it to the scheduler. For dedicated hosts or whole-CPU pods; in a process group each takes the next",
+        help="pin the event loop thread, once the models are in, to this CPU: an index among the CPUs the process "
+        "may run on (0: the first; on a whole host, CPU N). Other threads keep every CPU. -1: leave it to the "
+        "scheduler. For dedicated hosts or whole-CPU pods; in a process group each process takes the next",
     )
     p.add_argument(
         "--serving_processes",
@@ -273,7 +274,7 @@ def parse_settings(argv: list[str] | None = None) -> tuple[ServerSettings, str]:
         build_parser().error(f"--grpc_listeners must be at least 1, got {args.grpc_listeners}")
     if args.event_loop_cpu != -1:
         try:
-            affinity.check_cpu(args.event_loop_cpu)
+            affinity.resolve(args.event_loop_cpu)
         except ValueError as e:
             build_parser().error(str(e))
     if args.serving_processes < 1:

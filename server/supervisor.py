@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 
-from server.affinity import group_cpu
+from server.affinity import group_index
 from server.listeners import refuse_if_taken
 from server.settings import ServerSettings
 
@@ -64,7 +64,7 @@ def supervise(settings: ServerSettings, argv: list[str]) -> int:
             refuse_if_taken(settings.bind_address, settings.rest_api_port)
         for index in range(n):
             cpu = settings.event_loop_cpu
-            pin = [f"--event_loop_cpu={group_cpu(cpu, index)}"] if cpu >= 0 else []  # each loop its own CPU
+            pin = [f"--event_loop_cpu={group_index(cpu, index)}"] if cpu >= 0 else []  # each loop its own CPU
             children.append(subprocess.Popen(command + pin, env=env))
         log.info("supervising %d serving processes (pids %s) on port %d", n, [c.pid for c in children], settings.port)
         while any(child.poll() is None for child in children):

@@ -196,8 +196,8 @@ def _cpus_allowed(pid: int, tid: int) -> set[int]:
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="pinning one CPU out of one changes nothing")
 def test_event_loop_cpu_pins_the_loop_thread_only(start_daemon):
     allowed = os.sched_getaffinity(0)
-    cpu = max(allowed)
-    daemon = start_daemon(f"--event_loop_cpu={cpu}")
+    cpu = max(allowed)  # the last allowed CPU: index len - 1
+    daemon = start_daemon(f"--event_loop_cpu={len(allowed) - 1}")
     reply = predict(daemon.channel, "demo", {"x": np.array([1.0, 2.0], np.float32)})
     assert tf.make_ndarray(reply.outputs["y"]).tolist() == [2.5, 3.0]
     pid = daemon.proc.pid

@@ -21,13 +21,14 @@ from tensorflow_serving.apis import (
     prediction_service_pb2_grpc,
 )
 
-from server.affinity import group_cpu
+from server.affinity import group_index
 from server.settings import ServerSettings
 from tests.conftest import HALF_PLUS_TWO_TF1
 from tests.integration.daemon import Daemon, free_port, listening_sockets, metric, run_to_exit
 
 CONNECTIONS = 16
-FIRST_CPU = max(os.sched_getaffinity(0))
+ALLOWED = sorted(os.sched_getaffinity(0))
+FIRST_INDEX = len(ALLOWED) - 1  # the last allowed CPU: the second process wraps around to the first
 
 
 def _children(pid: int) -> list[int]:
@@ -69,7 +70,7 @@ def group(tmp_path_factory):
             f"--model_base_path={HALF_PLUS_TWO_TF1}",
             "--model_name=half",
             "--serving_processes=2",
-            f"--event_loop_cpu={FIRST_CPU}",
+            f"--event_loop_cpu={FIRST_INDEX}",
         ],
         tmp_path_factory.mktemp("group"),
     )
@@ -105,8 +106,8 @@ def test_each_process_pins_its_event_loop_to_the_next_cpu(group):
         time.sleep(0.2)  # each pins once its models are in
     loops = [Path(f"/proc/{pid}/task/{pid}/status").read_text() for pid in _children(group.proc.pid)]
     pinned = sorted(int(re.search(r"Cpus_allowed_list:\s*(\d+)\n", status).group(1)) for status in loops)
-    assert FIRST_CPU in pinned and len(set(pinned)) == min(2, len(os.sched_getaffinity(0))), group.log()
-    assert pinned == sorted([group_cpu(FIRST_CPU, 0), group_cpu(FIRST_CPU, 1)])
+    assert ALLOWED[-1] in pinned and len(set(pinned)) == min(2, len(ALLOWED)), group.log()
+    assert pinned == sorted(ALLOWED[group_index(FIRST_INDEX, process)] for process in (0, 1))
 
 
 def test_reload_by_rpc_is_refused_in_a_group(group):

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from server import affinity
-from server.affinity import LoopPin, _ranges, check_cpu, group_cpu
+from server.affinity import LoopPin, _ranges, group_index, resolve
 
 ALLOWED = os.sched_getaffinity(0)
 needs_two_cpus = pytest.mark.skipif(len(ALLOWED) < 2, reason="pinning one CPU out of one changes nothing")
@@ -26,21 +26,23 @@ def test_ranges_as_proc_writes_them():
     assert _ranges({3, 7, 8}) == "3,7-8"
 
 
-def test_a_cpu_outside_the_allowed_set_is_refused_naming_them():
-    with pytest.raises(ValueError, match=rf"--event_loop_cpu={max(ALLOWED) + 1} is not a CPU .* allowed: "):
-        check_cpu(max(ALLOWED) + 1)
-    with pytest.raises(ValueError):
+def test_the_flag_names_a_cpu_by_its_index_among_the_allowed_ones(monkeypatch):
+    assert [resolve(i) for i in range(len(ALLOWED))] == sorted(ALLOWED)
+    monkeypatch.setattr(affinity, "allowed_cpus", lambda: {4, 5})  # a container given CPUs 4-5
+    assert (resolve(0), resolve(1)) == (4, 5)
+    with pytest.raises(ValueError, match=r"--event_loop_cpu=2: this process may run on 2 CPU\(s\) \(4-5\); give an "
+                       r"index from 0 to 1"):  # fmt: skip
+        resolve(2)
+    with pytest.raises(ValueError, match="--event_loop_cpu=-2"):
         LoopPin(-2)
-    check_cpu(min(ALLOWED))  # allowed: no error
 
 
 def test_group_processes_take_the_allowed_cpus_in_turn():
-    cpus = sorted(ALLOWED)
-    first = cpus[-1]
-    taken = [group_cpu(first, i) for i in range(len(cpus) + 1)]
-    assert taken[0] == first
-    assert sorted(taken[: len(cpus)]) == cpus  # each CPU once before any twice
-    assert taken[len(cpus)] == first
+    last = len(ALLOWED) - 1
+    taken = [group_index(last, i) for i in range(len(ALLOWED) + 1)]
+    assert taken[0] == last
+    assert sorted(taken[: len(ALLOWED)]) == list(range(len(ALLOWED)))  # each CPU once before any twice
+    assert taken[len(ALLOWED)] == last
 
 
 class _PinnedThread(threading.Thread):
@@ -78,7 +80,7 @@ class _PinnedThread(threading.Thread):
 @needs_two_cpus
 def test_pin_confines_the_loop_thread_and_release_gives_later_threads_the_cpus_back():
     cpu = max(ALLOWED)
-    pin = LoopPin(cpu, interval=3600)  # the watcher does not run during the test: release by hand
+    pin = LoopPin(len(ALLOWED) - 1, interval=3600)  # the watcher does not run during the test: release by hand
     thread = _PinnedThread(pin)
     thread.start()
     try:
@@ -99,7 +101,7 @@ def test_pin_confines_the_loop_thread_and_release_gives_later_threads_the_cpus_b
 @needs_two_cpus
 def test_the_watcher_releases_threads_started_after_the_pin():
     cpu = min(ALLOWED)
-    pin = LoopPin(cpu, interval=0.05)
+    pin = LoopPin(0, interval=0.05)
     thread = _PinnedThread(pin)
     thread.start()
     try:
@@ -119,7 +121,7 @@ def test_the_watcher_releases_threads_started_after_the_pin():
 def test_pinning_to_the_only_allowed_cpu_starts_no_watcher(monkeypatch):
     only = min(ALLOWED)
     monkeypatch.setattr(affinity, "allowed_cpus", lambda: {only})
-    pin = LoopPin(only)
+    pin = LoopPin(0)
     done = []
     worker = threading.Thread(target=lambda: (pin.pin(), done.append(pin._watcher), pin.unpin()))
     worker.start()
