@@ -33,6 +33,8 @@ def resolve(index: int) -> int:
     """The CPU that ``--event_loop_cpu=index`` names: the index-th (from 0) of the CPUs this process may run on, in
     order. On a host where the process may use every CPU, that is CPU ``index``; in a container given CPUs 4-5, 0
     is CPU 4. ValueError naming the allowed CPUs when there are not that many."""
+    if not hasattr(os, "sched_setaffinity"):
+        raise ValueError(f"--event_loop_cpu={index}: pinning a thread needs Linux (os.sched_setaffinity)")
     cpus = sorted(allowed_cpus())
     if not 0 <= index < len(cpus):
         raise ValueError(

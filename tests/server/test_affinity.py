@@ -127,3 +127,9 @@ def test_pinning_to_the_only_allowed_cpu_starts_no_watcher(monkeypatch):
     worker.start()
     worker.join(10)
     assert done == [None]
+
+
+def test_without_sched_setaffinity_the_flag_is_refused_saying_why(monkeypatch):
+    monkeypatch.delattr(os, "sched_setaffinity")  # as on macOS
+    with pytest.raises(ValueError, match=r"--event_loop_cpu=0: pinning a thread needs Linux"):
+        resolve(0)
