@@ -70,7 +70,12 @@ class LoopPin:
         # Started before the pin, the watcher keeps every CPU.
         self._watcher = threading.Thread(target=self._watch, name="servex-affinity", daemon=True)
         self._watcher.start()
-        os.sched_setaffinity(0, {self.cpu})
+        try:
+            os.sched_setaffinity(0, {self.cpu})
+        except OSError as e:  # the CPUs changed under the process (a cpuset update): serve unpinned
+            log.warning("event loop not pinned to CPU %d: %s", self.cpu, e)
+            self._stop_watcher()
+            return
         released = self.release_others()
         log.info("event loop pinned to CPU %d; other threads on CPUs %s (%d released)",
                  self.cpu, _ranges(self.others), released)  # fmt: skip
@@ -96,11 +101,17 @@ class LoopPin:
             self.release_others()
 
     def unpin(self) -> None:
-        self._stop.set()
-        if self._watcher is not None:
-            self._watcher.join()
-            self._watcher = None
+        if self._stop_watcher():
             os.sched_setaffinity(0, self.others)
+
+    def _stop_watcher(self) -> bool:
+        """Stop the watcher; whether one was running (the loop thread was pinned)."""
+        self._stop.set()
+        if self._watcher is None:
+            return False
+        self._watcher.join()
+        self._watcher = None
+        return True
 
 
 def _ranges(cpus: set[int]) -> str:

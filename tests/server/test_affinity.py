@@ -133,3 +133,20 @@ def test_without_sched_setaffinity_the_flag_is_refused_saying_why(monkeypatch):
     monkeypatch.delattr(os, "sched_setaffinity")  # as on macOS
     with pytest.raises(ValueError, match=r"--event_loop_cpu=0: pinning a thread needs Linux"):
         resolve(0)
+
+
+@needs_two_cpus
+def test_a_pin_the_kernel_refuses_leaves_the_loop_unpinned_and_no_watcher(monkeypatch):
+    pin = LoopPin(0)
+    monkeypatch.setattr(pin, "cpu", max(ALLOWED) + 64)  # a CPU gone since the start (a cpuset update)
+    outcome = []
+
+    def loop_thread():
+        pin.pin()
+        outcome.append((_affinity(0), pin._watcher))
+        pin.unpin()
+
+    worker = threading.Thread(target=loop_thread)
+    worker.start()
+    worker.join(10)
+    assert outcome == [(ALLOWED, None)]
