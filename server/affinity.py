@@ -20,6 +20,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Iterable
+from itertools import groupby
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +40,7 @@ def resolve(index: int) -> int:
     cpus = sorted(allowed_cpus())
     if not 0 <= index < len(cpus):
         raise ValueError(
-            f"--event_loop_cpu={index}: this process may run on {len(cpus)} CPU(s) ({_ranges(set(cpus))}); "
+            f"--event_loop_cpu={index}: this process may run on {len(cpus)} CPU(s) ({_ranges(cpus)}); "
             f"give an index from 0 to {len(cpus) - 1}"
         )
     return cpus[index]
@@ -114,16 +116,7 @@ class LoopPin:
         return True
 
 
-def _ranges(cpus: set[int]) -> str:
+def _ranges(cpus: Iterable[int]) -> str:
     """{0, 1, 2, 5} -> "0-2,5" (as /proc's Cpus_allowed_list writes them)."""
-    out, run = [], []
-    for cpu in sorted(cpus):
-        if run and cpu == run[-1] + 1:
-            run.append(cpu)
-            continue
-        if run:
-            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-        run = [cpu]
-    if run:
-        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-    return ",".join(out)
+    runs = [[cpu for _, cpu in run] for _, run in groupby(enumerate(sorted(cpus)), lambda pair: pair[1] - pair[0])]
+    return ",".join(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]) for run in runs)
