@@ -278,6 +278,7 @@ async def serve(settings: ServerSettings) -> int:
         aging_seconds=settings.priority_aging_ms / 1000,
         batching=batching,
         hold_seconds=settings.result_hold_micros / 1e6,
+        lower_priority_burst=settings.lower_priority_burst,
     )
     core = ServingCore(manager, run_handler, settings.pin_signature_graphs)
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(

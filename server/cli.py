@@ -181,6 +181,13 @@ def build_parser() -> argparse.ArgumentParser:
         "long, or while requests of several priorities arrive; 0: each at once)",
     )
     p.add_argument(
+        "--lower_priority_burst",
+        type=int,
+        default=d.lower_priority_burst,
+        help="while requests of a higher priority arrive, run workers start lower-priority requests at most this "
+        "many at a time, the next ones once the event loop has caught up (room for the higher priority; 0: off)",
+    )
+    p.add_argument(
         "--max_message_bytes",
         type=int,
         default=d.max_message_bytes,
@@ -272,6 +279,8 @@ def parse_settings(argv: list[str] | None = None) -> tuple[ServerSettings, str]:
     admin_port = args.admin_port or (8503 if args.admin_token_file else 0)
     if args.grpc_listeners < 1:
         build_parser().error(f"--grpc_listeners must be at least 1, got {args.grpc_listeners}")
+    if args.lower_priority_burst < 0:
+        build_parser().error(f"--lower_priority_burst must be 0 (off) or more, got {args.lower_priority_burst}")
     if args.event_loop_cpu != -1:
         try:
             affinity.resolve(args.event_loop_cpu)
@@ -312,6 +321,7 @@ def parse_settings(argv: list[str] | None = None) -> tuple[ServerSettings, str]:
         max_queued_requests=args.max_queued_requests,
         priority_aging_ms=args.priority_aging_ms,
         result_hold_micros=args.result_hold_micros,
+        lower_priority_burst=args.lower_priority_burst,
         lazy_restore=args.lazy_restore,
         prefetch_variables=prefetch,
         admin_port=admin_port,

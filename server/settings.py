@@ -74,6 +74,12 @@ class ServerSettings:
     # nothing waits, after or before a run this long or longer, or while requests of several priorities arrive
     # (priority isolation comes first). Measured on 2 cores, MLP, 32 callers: 3,220 -> 4,800 requests/s.
     result_hold_micros: int = 1000
+    # While requests of a higher priority arrive (one in the last second), run workers start lower-priority
+    # requests at most this many at a time, the next ones only once the event loop has worked through the answers
+    # before: every call passes through the loop in arrival order, and paced, the flood leaves it room for the
+    # higher priority. 0: no pacing. Measured on 2 cores, MLP, 32 priority-0 callers against one priority-10:
+    # that caller's p99 1.9x idle instead of 2.9x, the flood 2,400 req/s instead of 3,150 (batching: 6,600).
+    lower_priority_burst: int = 1
     # Largest gRPC message accepted or sent, and largest REST request body (on the wire and decompressed), in bytes.
     max_message_bytes: int = 256 * 1024 * 1024
     # Worker threads that run TensorFlow (RunHandler); default: one per CPU core but one, which is left to the

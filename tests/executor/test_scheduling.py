@@ -20,9 +20,9 @@ def run(coro):
 class Busy:
     """Holds the (single) worker until released."""
 
-    def __init__(self, handler: RunHandler):
+    def __init__(self, handler: RunHandler, ticket: Ticket | None = None):
         self.started, self.release = threading.Event(), threading.Event()
-        self.future = handler.submit(self._hold)
+        self.future = handler.submit(self._hold, ticket=ticket or Ticket())
 
     def _hold(self):
         self.started.set()

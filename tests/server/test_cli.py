@@ -38,3 +38,16 @@ def test_an_event_loop_cpu_past_the_allowed_ones_is_refused_naming_them(capsys):
     err = capsys.readouterr().err
     assert f"--event_loop_cpu={count}: this process may run on {count} CPU(s) (" in err
     assert f"give an index from 0 to {count - 1}" in err
+
+
+def test_lower_priority_burst_default_and_flag():
+    assert parse_settings([])[0].lower_priority_burst == ServerSettings().lower_priority_burst == 1
+    assert parse_settings(["--lower_priority_burst=0"])[0].lower_priority_burst == 0
+    assert parse_settings(["--lower_priority_burst=4"])[0].lower_priority_burst == 4
+
+
+def test_a_negative_lower_priority_burst_is_refused(capsys):
+    with pytest.raises(SystemExit) as info:
+        parse_settings(["--lower_priority_burst=-1"])
+    assert info.value.code == 2
+    assert "--lower_priority_burst must be 0 (off) or more, got -1" in capsys.readouterr().err

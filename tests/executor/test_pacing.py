@@ -1,0 +1,167 @@
+"""RunHandler's pacing: while a higher priority arrives, lower-priority work starts only as fast as the event loop
+works through the answers handed to it, a burst at a time, so that the loop keeps room for the higher priority.
+
+The tests stall the loop (a blocking sleep on the loop thread) and look at which runs started during the stall:
+a paced run cannot, since the probe that lets it start has to come through the stalled loop."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+
+from executor import RunHandler
+from executor.run_handler import BatchingOptions, DeadlineExceeded, Ticket
+from tests.executor.test_scheduling import Busy, Doubler
+
+TIMEOUT = 10
+STALL = 0.3
+HIGH, LOW = Ticket(priority=5), Ticket(priority=0)
+
+
+def _run(handler: RunHandler, main):
+    try:
+        return asyncio.run(asyncio.wait_for(main(), 3 * TIMEOUT))
+    finally:
+        handler.close()
+
+
+def _stall() -> float:
+    """Block the event loop's thread for STALL seconds; returns when the stall ended."""
+    time.sleep(STALL)
+    return time.monotonic()
+
+
+def _recorder(starts: list, name):
+    return lambda: starts.append((name, time.monotonic()))
+
+
+def test_lower_priority_waits_for_the_loop_while_a_higher_priority_arrives():
+    handler = RunHandler(1, aging_seconds=0, lower_priority_burst=1, pace_timeout=TIMEOUT)
+
+    async def main():
+        await handler.submit(lambda: None, ticket=HIGH)  # a higher priority is arriving
+        starts: list = []
+        lows = [handler.submit(_recorder(starts, f"low{i}"), ticket=LOW) for i in range(3)]
+        high = handler.submit(_recorder(starts, "high"), ticket=HIGH)
+        stall_end = _stall()
+        await asyncio.gather(high, *lows)
+        return starts, stall_end
+
+    starts, stall_end = _run(handler, main)
+    during = [name for name, t in starts if t < stall_end]
+    assert during == ["high"], f"started while the loop was stalled: {during}; the higher priority is never paced"
+    assert sorted(name for name, _ in starts) == ["high", "low0", "low1", "low2"]
+
+
+def test_without_pacing_lower_priority_runs_while_the_loop_is_stalled():
+    """The counterpart of the test above (lower_priority_burst=0): the stall itself does not hold runs back."""
+    handler = RunHandler(1, aging_seconds=0, lower_priority_burst=0)
+
+    async def main():
+        await handler.submit(lambda: None, ticket=HIGH)
+        starts: list = []
+        lows = [handler.submit(_recorder(starts, f"low{i}"), ticket=LOW) for i in range(3)]
+        stall_end = _stall()
+        await asyncio.gather(*lows)
+        return starts, stall_end
+
+    starts, stall_end = _run(handler, main)
+    assert [name for name, t in starts if t < stall_end] == ["low0", "low1", "low2"]
+
+
+def test_a_burst_of_lower_priority_runs_per_catch_up_of_the_loop():
+    handler = RunHandler(1, aging_seconds=0, lower_priority_burst=2, pace_timeout=TIMEOUT)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        await handler.submit(lambda: None, ticket=HIGH)
+        starts: list = []
+        stall_ends: list = []
+
+        def first():  # on the worker: stall the loop behind this run's answer, before the burst's second run
+            starts.append(("low0", time.monotonic()))
+            loop.call_soon_threadsafe(lambda: stall_ends.append(_stall()))
+
+        lows = [handler.submit(first, ticket=LOW)]
+        lows += [handler.submit(_recorder(starts, f"low{i}"), ticket=LOW) for i in range(1, 5)]
+        await asyncio.gather(*lows)
+        return starts, stall_ends[0]
+
+    starts, stall_end = _run(handler, main)
+    assert [name for name, t in starts if t < stall_end] == ["low0", "low1"]  # the burst; then the loop's turn
+    assert [name for name, t in starts if t >= stall_end] == ["low2", "low3", "low4"]
+
+
+def test_a_paced_batch_carries_at_most_the_burst():
+    handler = RunHandler(
+        1, aging_seconds=0, batching=BatchingOptions(max_batch_size=8), lower_priority_burst=2, pace_timeout=TIMEOUT
+    )
+    executor = Doubler()
+    values = [np.full((1, 3), i, np.float32) for i in range(5)]
+
+    async def main():
+        busy = Busy(handler, HIGH)  # holds the worker while the lower-priority requests queue
+        await busy.wait_started()
+        futures = [handler.submit_batchable(executor, {"x": v}, ["y"], False, LOW) for v in values]
+        busy.release.set()
+        await busy.future
+        return await asyncio.gather(*futures)
+
+    results = _run(handler, main)
+    assert executor.runs == [2, 2, 1]  # unpaced, the five would run as one batch of 5 (test_scheduling)
+    for value, result in zip(values, results, strict=True):
+        np.testing.assert_array_equal(result[0], value * 2)
+
+
+def test_pacing_ends_a_second_after_the_last_higher_priority_request():
+    handler = RunHandler(1, aging_seconds=0, lower_priority_burst=1, pace_timeout=TIMEOUT)
+
+    async def main():
+        await handler.submit(lambda: None, ticket=HIGH)
+        await asyncio.sleep(1.1)  # MIXED_PRIORITY_SECONDS: the higher priority no longer counts as arriving
+        starts: list = []
+        lows = [handler.submit(_recorder(starts, f"low{i}"), ticket=LOW) for i in range(3)]
+        stall_end = _stall()
+        await asyncio.gather(*lows)
+        return starts, stall_end
+
+    starts, stall_end = _run(handler, main)
+    assert [name for name, t in starts if t < stall_end] == ["low0", "low1", "low2"]
+
+
+def test_a_stalled_loop_holds_lower_priority_back_at_most_the_pace_timeout():
+    timeout = 0.05
+    handler = RunHandler(1, aging_seconds=0, lower_priority_burst=1, pace_timeout=timeout)
+
+    async def main():
+        await handler.submit(lambda: None, ticket=HIGH)
+        starts: list = []
+        submitted = time.monotonic()
+        lows = [handler.submit(_recorder(starts, f"low{i}"), ticket=LOW) for i in range(3)]
+        stall_end = _stall()
+        await asyncio.gather(*lows)
+        return starts, submitted, stall_end
+
+    starts, submitted, stall_end = _run(handler, main)
+    during = [t for _, t in starts if t < stall_end]
+    assert len(during) == 3, "a probe stuck in a stalled loop must not stop the queue"
+    assert during[0] >= submitted + timeout  # but each waited for the probe that long first
+    assert during[1] >= during[0] + timeout
+
+
+def test_a_paced_request_whose_deadline_passes_is_answered_deadline_exceeded_and_never_runs():
+    handler = RunHandler(1, aging_seconds=0, lower_priority_burst=1, pace_timeout=TIMEOUT)
+
+    async def main():
+        await handler.submit(lambda: None, ticket=HIGH)
+        ran: list = []
+        late = handler.submit(lambda: ran.append("late"), ticket=Ticket(deadline=time.monotonic() + STALL / 3))
+        _stall()  # the deadline passes while the request waits for the loop
+        with pytest.raises(DeadlineExceeded, match="the run did not happen"):
+            await late
+        return ran
+
+    assert _run(handler, main) == []
