@@ -17,10 +17,11 @@ Scheduling (the ticket says priority, deadline, model and metric labels):
   exactly its own rows back. A free worker never waits for a batch to fill: batching costs nothing at low load,
   and under load batches form from what queues while the workers are busy.
 - **Pacing** (``lower_priority_burst``): while requests of a higher priority arrive (one in the last second),
-  the workers take lower-priority requests at most that many at a time, and the next ones only once the event
-  loop has worked through what was handed to it (a probe sent behind the answers has come through the loop's
-  queue). Every call passes through the loop in arrival order, so a saturated loop, not this queue, is what a
-  high-priority call would wait for; paced, the lower priorities leave the loop room (see ``_Outbox``).
+  the workers take lower-priority requests at most that many at a time (a burst), and the next burst only once
+  the event loop has worked through what it held when the last one started: a probe sent into the loop's queue
+  then has come through it. Every call passes through the loop in arrival order, so a saturated loop, not this
+  queue, is what a high-priority call would wait for; paced, the lower priorities leave the loop room, and where
+  the loop keeps up the probe is back before the burst's run ends, so nothing waits (see ``_Outbox``).
 """
 
 from __future__ import annotations
@@ -46,8 +47,8 @@ log = logging.getLogger(__name__)
 MIXED_PRIORITY_SECONDS = 1.0  # see _Held and RunHandler's pacing
 # A pacing probe counts as through the loop's queue after this many loop iterations: its own, then those of the
 # callbacks the answers ahead of it scheduled (the callers' tasks), and of theirs. Measured on the MLP
-# (bench_priority.py, 3 alternating runs each): 8 gave a high-priority p99 1.85-2.06x idle, 4 1.90-2.19x, 2 about
-# 10% more; the paced flood's req/s was the same.
+# (bench_priority.py, alternating runs): 8 and 16 gave the same high-priority p99, 16 about 6% less flood; 4 and 2
+# a higher p99.
 CATCH_UP_ITERATIONS = 8
 
 
@@ -321,23 +322,31 @@ class RunHandler:
                 del self._levels[level]
             if paced:
                 outbox.credit -= len(batch)
+                if outbox.credit <= 0:  # the next burst waits for what the loop holds now: send the probe
+                    self._send_probe(outbox, now)  # now, so that it goes through the loop during this run
             return batch
 
     def _paced(self, level: int, now: float) -> bool:
         """Whether work of priority ``level`` is paced: a higher priority is arriving. The lock is held."""
         return self.lower_priority_burst > 0 and level < self._top and now < self._top_until and not self._stopping
 
+    def _send_probe(self, outbox: _Outbox, now: float) -> None:
+        """Send a probe into ``outbox``'s loop, behind what it holds, unless one is on its way. The lock is held."""
+        if outbox.probe is not None:
+            return
+        token = outbox.probe = object()
+        outbox.probe_sent = now
+        try:
+            outbox.loop.call_soon_threadsafe(self._probe, outbox, token, CATCH_UP_ITERATIONS)
+        except RuntimeError:  # the loop closed: nothing to pace
+            self._credit(outbox)
+
     def _catch_up(self, outbox: _Outbox, now: float) -> None:
-        """Wait (the lock held, and released while waiting) for ``outbox``'s loop to work through what it has been
-        handed: send a probe behind it unless one is on its way, and give credit anyway once it is late."""
-        if outbox.probe is None:
-            token = outbox.probe = object()
-            outbox.probe_sent = now
-            try:
-                outbox.loop.call_soon_threadsafe(self._probe, outbox, token, CATCH_UP_ITERATIONS)
-            except RuntimeError:  # the loop closed: nothing to pace
-                self._credit(outbox)
-                return
+        """Wait (the lock held, and released while waiting) for the probe through ``outbox``'s loop (sent now if
+        none is on its way), and give credit anyway once it is late."""
+        self._send_probe(outbox, now)
+        if outbox.credit > 0:
+            return
         left = outbox.probe_sent + self.pace_timeout - now
         if left <= 0:  # a stalled loop (a long callback): do not stop the queue for it
             self._credit(outbox)

@@ -95,6 +95,30 @@ def test_a_burst_of_lower_priority_runs_per_catch_up_of_the_loop():
     assert [name for name, t in starts if t >= stall_end] == ["low2", "low3", "low4"]
 
 
+def test_where_the_loop_keeps_up_the_next_burst_starts_without_waiting_for_the_last_one_s_answer():
+    """The probe goes out when a burst starts, so it comes through an idle loop during the burst's run: here the
+    loop is stalled behind the first run's answer, and the second run starts during that stall all the same."""
+    handler = RunHandler(1, aging_seconds=0, lower_priority_burst=1, pace_timeout=TIMEOUT)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        await handler.submit(lambda: None, ticket=HIGH)
+        starts: list = []
+        stall_ends: list = []
+
+        def first():  # a long run: the idle loop takes the probe meanwhile; then stall the loop behind its answer
+            starts.append(("low0", time.monotonic()))
+            time.sleep(STALL)
+            loop.call_soon_threadsafe(lambda: stall_ends.append(_stall()))
+
+        lows = [handler.submit(first, ticket=LOW), handler.submit(_recorder(starts, "low1"), ticket=LOW)]
+        await asyncio.gather(*lows)
+        return starts, stall_ends[0]
+
+    starts, stall_end = _run(handler, main)
+    assert [name for name, t in starts if t < stall_end] == ["low0", "low1"]
+
+
 def test_a_paced_batch_carries_at_most_the_burst():
     handler = RunHandler(
         1, aging_seconds=0, batching=BatchingOptions(max_batch_size=8), lower_priority_burst=2, pace_timeout=TIMEOUT
