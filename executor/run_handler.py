@@ -18,10 +18,10 @@ Scheduling (the ticket says priority, deadline, model and metric labels):
   and under load batches form from what queues while the workers are busy.
 - **Pacing** (``lower_priority_burst``): while requests of a higher priority arrive (one in the last second),
   the workers take lower-priority requests at most that many at a time (a burst), and the next burst only once
-  the event loop has worked through what it held when the last one started: a probe sent into the loop's queue
-  then has come through it. Every call passes through the loop in arrival order, so a saturated loop, not this
-  queue, is what a high-priority call would wait for; paced, the lower priorities leave the loop room, and where
-  the loop keeps up the probe is back before the burst's run ends, so nothing waits (see ``_Outbox``).
+  the event loop has worked through the last one's answers: a probe put into the loop's queue behind them, as
+  soon as they are handed back, has come through it. Every call passes through the loop in arrival order, so a
+  saturated loop, not this queue, is what a high-priority call would wait for; paced, the lower priorities leave
+  the loop room. Higher-priority runs are never paced, and the probe goes through the loop during them.
 """
 
 from __future__ import annotations
@@ -322,13 +322,21 @@ class RunHandler:
                 del self._levels[level]
             if paced:
                 outbox.credit -= len(batch)
-                if outbox.credit <= 0:  # the next burst waits for what the loop holds now: send the probe
-                    self._send_probe(outbox, now)  # now, so that it goes through the loop during this run
             return batch
 
     def _paced(self, level: int, now: float) -> bool:
         """Whether work of priority ``level`` is paced: a higher priority is arriving. The lock is held."""
         return self.lower_priority_burst > 0 and level < self._top and now < self._top_until and not self._stopping
+
+    def _probe_after(self, outbox: _Outbox) -> None:
+        """After a run whose answers went back: when the next lower-priority burst will need the loop to catch up
+        with them, send the probe now, so that it goes through the loop while the worker takes other work (a
+        higher priority's run) instead of after it."""
+        if self.lower_priority_burst and outbox.credit <= 0 and outbox.probe is None:  # else nothing to do
+            with self._cond:
+                now = time.monotonic()
+                if now < self._top_until and outbox.credit <= 0:
+                    self._send_probe(outbox, now)
 
     def _send_probe(self, outbox: _Outbox, now: float) -> None:
         """Send a probe into ``outbox``'s loop, behind what it holds, unless one is on its way. The lock is held."""
@@ -422,6 +430,8 @@ class RunHandler:
                 self._run_batch(batch, started, held)
             kind.last_run = time.monotonic() - started
             held.after(started, mixed=started < self._mixed_until)
+            if not held.results:
+                self._probe_after(batch[0].outbox)
 
     def _run_batch(self, batch: list[_Item], started: float, held: _Held) -> None:
         first = batch[0]

@@ -7,6 +7,7 @@ a paced run cannot, since the probe that lets it start has to come through the s
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import numpy as np
@@ -95,9 +96,9 @@ def test_a_burst_of_lower_priority_runs_per_catch_up_of_the_loop():
     assert [name for name, t in starts if t >= stall_end] == ["low2", "low3", "low4"]
 
 
-def test_where_the_loop_keeps_up_the_next_burst_starts_without_waiting_for_the_last_one_s_answer():
-    """The probe goes out when a burst starts, so it comes through an idle loop during the burst's run: here the
-    loop is stalled behind the first run's answer, and the second run starts during that stall all the same."""
+def test_the_next_burst_waits_until_the_loop_has_taken_the_last_one_s_answers():
+    """The probe goes out behind the burst's answers, not when the burst starts: a long run gives an idle loop
+    time to take an early probe, yet here the loop is stalled before this run's answer, and the next run waits."""
     handler = RunHandler(1, aging_seconds=0, lower_priority_burst=1, pace_timeout=TIMEOUT)
 
     async def main():
@@ -106,17 +107,48 @@ def test_where_the_loop_keeps_up_the_next_burst_starts_without_waiting_for_the_l
         starts: list = []
         stall_ends: list = []
 
-        def first():  # a long run: the idle loop takes the probe meanwhile; then stall the loop behind its answer
-            starts.append(("low0", time.monotonic()))
-            time.sleep(STALL)
+        def low0():
+            time.sleep(STALL / 3)
             loop.call_soon_threadsafe(lambda: stall_ends.append(_stall()))
 
-        lows = [handler.submit(first, ticket=LOW), handler.submit(_recorder(starts, "low1"), ticket=LOW)]
+        lows = [handler.submit(low0, ticket=LOW), handler.submit(_recorder(starts, "low1"), ticket=LOW)]
         await asyncio.gather(*lows)
         return starts, stall_ends[0]
 
     starts, stall_end = _run(handler, main)
-    assert [name for name, t in starts if t < stall_end] == ["low0", "low1"]
+    assert [name for name, t in starts if t >= stall_end] == ["low1"]
+
+
+def test_the_probe_goes_through_the_loop_while_a_higher_priority_runs():
+    """The probe goes out as soon as a lower-priority burst's answers are handed back, not when the next burst is
+    due: during a long higher-priority run in between, the idle loop takes it. Here the loop is stalled behind
+    that run's answer, and the next lower-priority run starts during the stall all the same."""
+    handler = RunHandler(1, aging_seconds=0, lower_priority_burst=1, pace_timeout=TIMEOUT)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        await handler.submit(lambda: None, ticket=HIGH)
+        started, go = threading.Event(), threading.Event()
+        starts: list = []
+        stall_ends: list = []
+
+        def low0():
+            started.set()
+            go.wait(TIMEOUT)
+
+        def high1():  # a long run: the idle loop takes the probe meanwhile; then stall the loop behind its answer
+            time.sleep(STALL)
+            loop.call_soon_threadsafe(lambda: stall_ends.append(_stall()))
+
+        first = handler.submit(low0, ticket=LOW)
+        await asyncio.to_thread(started.wait, TIMEOUT)
+        rest = [handler.submit(high1, ticket=HIGH), handler.submit(_recorder(starts, "low1"), ticket=LOW)]
+        go.set()
+        await asyncio.gather(first, *rest)
+        return starts, stall_ends[0]
+
+    starts, stall_end = _run(handler, main)
+    assert [name for name, t in starts if t < stall_end] == ["low1"]
 
 
 def test_a_paced_batch_carries_at_most_the_burst():
