@@ -95,8 +95,9 @@ class _Outbox:
     the outbox already scheduled for delivery just adds its result.
 
     It also carries the loop's pacing state (guarded by the RunHandler's lock): ``credit``, the lower-priority
-    requests the workers may still start before the loop must catch up, and ``probe``, the token of the
-    catch-up probe on its way through the loop (None when none is), sent at ``probe_sent``.
+    requests the workers may still start before the loop must catch up; ``probe_due``, set when a burst used the
+    last of it (the probe goes once the burst's answers are handed back); ``probe``, the token of the catch-up
+    probe on its way through the loop (None when none is), sent at ``probe_sent``.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
@@ -106,6 +107,7 @@ class _Outbox:
         self.credit = 0
         self.probe: object | None = None
         self.probe_sent = 0.0
+        self.probe_due = False
 
     def put(self, future: asyncio.Future, ok: bool, value) -> None:
         self.put_many([(future, ok, value)])
@@ -322,6 +324,7 @@ class RunHandler:
                 del self._levels[level]
             if paced:
                 outbox.credit -= len(batch)
+                outbox.probe_due = outbox.credit <= 0  # the worker sends it once the batch's answers are back
             return batch
 
     def _paced(self, level: int, now: float) -> bool:
@@ -329,17 +332,15 @@ class RunHandler:
         return self.lower_priority_burst > 0 and level < self._top and now < self._top_until and not self._stopping
 
     def _probe_after(self, outbox: _Outbox) -> None:
-        """After a run whose answers went back: when the next lower-priority burst will need the loop to catch up
-        with them, send the probe now, so that it goes through the loop while the worker takes other work (a
-        higher priority's run) instead of after it."""
-        if self.lower_priority_burst and outbox.credit <= 0 and outbox.probe is None:  # else nothing to do
+        """After a run whose answers went back: when it ended a lower-priority burst, send the probe now, so that
+        it goes through the loop while the worker takes other work (a higher priority's run) instead of after it."""
+        if outbox.probe_due:  # else nothing to do (one priority: never), without taking the lock
             with self._cond:
-                now = time.monotonic()
-                if now < self._top_until and outbox.credit <= 0:
-                    self._send_probe(outbox, now)
+                self._send_probe(outbox, time.monotonic())
 
     def _send_probe(self, outbox: _Outbox, now: float) -> None:
         """Send a probe into ``outbox``'s loop, behind what it holds, unless one is on its way. The lock is held."""
+        outbox.probe_due = False
         if outbox.probe is not None:
             return
         token = outbox.probe = object()

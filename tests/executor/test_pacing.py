@@ -221,3 +221,21 @@ def test_a_paced_request_whose_deadline_passes_is_answered_deadline_exceeded_and
         return ran
 
     assert _run(handler, main) == []
+
+
+def test_one_priority_is_never_paced_and_costs_the_loop_no_probe():
+    handler = RunHandler(1, aging_seconds=0, lower_priority_burst=1, pace_timeout=TIMEOUT)
+
+    async def main():
+        starts: list = []
+        lows = [handler.submit(_recorder(starts, f"low{i}"), ticket=LOW) for i in range(5)]
+        stall_end = _stall()
+        await asyncio.gather(*lows)
+        for _ in range(20):  # room for a probe, had one been sent, to come through
+            await asyncio.sleep(0)
+        outbox = handler._outboxes[asyncio.get_running_loop()]
+        return starts, stall_end, (outbox.credit, outbox.probe, outbox.probe_due)
+
+    starts, stall_end, pacing_state = _run(handler, main)
+    assert len([name for name, t in starts if t < stall_end]) == 5
+    assert pacing_state == (0, None, False), "no probe went through the loop: its credit would show"
