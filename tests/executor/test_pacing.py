@@ -224,7 +224,8 @@ def test_a_paced_request_whose_deadline_passes_is_answered_deadline_exceeded_and
 
 
 def test_one_priority_is_never_paced_and_costs_the_loop_no_probe():
-    handler = RunHandler(1, aging_seconds=0, lower_priority_burst=1, pace_timeout=TIMEOUT)
+    # hold_seconds=0: every answer goes back right after its run, where a worker would send a due probe
+    handler = RunHandler(1, aging_seconds=0, lower_priority_burst=1, pace_timeout=TIMEOUT, hold_seconds=0)
 
     async def main():
         starts: list = []
