@@ -283,27 +283,31 @@ class RunHandler:
                     return None
                 self._cond.wait()
             now = time.monotonic()
-            level = max(
-                (p for p, q in self._levels.items() if q),
-                key=lambda p: (p + (now - self._levels[p][0].enqueued) / self.aging_seconds
-                               if self.aging_seconds > 0 else p, -self._levels[p][0].seq),
-            )  # fmt: skip
+            levels = [p for p, q in self._levels.items() if q]
+            level = max(levels, key=self._score(now))
+            if self._dropped_head(level, now):
+                continue
             queue = self._levels[level]
-            outbox = queue[0].outbox
+            item = queue[0]
+            outbox = item.outbox
             paced = self._paced(level, now)
             if paced and outbox.credit <= 0:
-                if not wait:  # hand the held answers back first: the probe must go behind them
+                # Aged lower-priority work may outscore a higher priority; it must not hold that up while it
+                # waits for the loop: the best level that is not paced goes first.
+                unpaced = [p for p in levels if not self._paced(p, now)]
+                if unpaced:
+                    level, paced = max(unpaced, key=self._score(now)), False
+                    if self._dropped_head(level, now):
+                        continue
+                    queue = self._levels[level]
+                    item = queue[0]
+                elif not wait:  # hand the held answers back first: the probe must go behind them
                     return None
-                self._catch_up(outbox, now)
-                continue
-            item = queue.popleft()
+                else:
+                    self._catch_up(outbox, now)
+                    continue
+            queue.popleft()
             self._dequeued(item)
-            expired = item.ticket.deadline is not None and now > item.ticket.deadline
-            if item.future.cancelled() or expired:  # the caller went away (gRPC cancels at the deadline)
-                self._drop(item, now, expired)
-                if not queue:
-                    del self._levels[level]
-                continue
             batch = [item]
             if item.batch_key is not None:
                 rows = item.rows
@@ -311,7 +315,11 @@ class RunHandler:
                 for other in list(queue):
                     if len(batch) >= most:
                         break
-                    if other.batch_key == item.batch_key and rows + other.rows <= item.args[3].max_batch_size:
+                    if (
+                        other.batch_key == item.batch_key
+                        and rows + other.rows <= item.args[3].max_batch_size
+                        and (not paced or other.outbox is outbox)  # credit is the loop's own
+                    ):
                         queue.remove(other)
                         self._dequeued(other)
                         expired = other.ticket.deadline is not None and now > other.ticket.deadline
@@ -327,16 +335,38 @@ class RunHandler:
                 outbox.probe_due = outbox.credit <= 0  # the worker sends it once the batch's answers are back
             return batch
 
+    def _dropped_head(self, level: int, now: float) -> bool:
+        """Drop the first request of ``level`` if its caller went away or its deadline passed (gRPC cancels at the
+        deadline); whether it did. The lock is held."""
+        queue = self._levels[level]
+        item = queue[0]
+        expired = item.ticket.deadline is not None and now > item.ticket.deadline
+        if not (item.future.cancelled() or expired):
+            return False
+        queue.popleft()
+        self._dequeued(item)
+        self._drop(item, now, expired)
+        if not queue:
+            del self._levels[level]
+        return True
+
+    def _score(self, now: float):
+        """The key that orders levels: priority plus age (one per ``aging_seconds`` waited), then arrival."""
+        if self.aging_seconds > 0:
+            return lambda p: (p + (now - self._levels[p][0].enqueued) / self.aging_seconds, -self._levels[p][0].seq)
+        return lambda p: (p, -self._levels[p][0].seq)
+
     def _paced(self, level: int, now: float) -> bool:
         """Whether work of priority ``level`` is paced: a higher priority is arriving. The lock is held."""
         return self.lower_priority_burst > 0 and level < self._top and now < self._top_until and not self._stopping
 
-    def _probe_after(self, outbox: _Outbox) -> None:
-        """After a run whose answers went back: when it ended a lower-priority burst, send the probe now, so that
+    def _send_due_probes(self) -> None:
+        """Once a worker's answers went back: where they ended a lower-priority burst, send the probe now, so that
         it goes through the loop while the worker takes other work (a higher priority's run) instead of after it."""
-        if outbox.probe_due:  # else nothing to do (one priority: never), without taking the lock
-            with self._cond:
-                self._send_probe(outbox, time.monotonic())
+        for outbox in tuple(self._outboxes.values()):  # a new loop's outbox may be added meanwhile
+            if outbox.probe_due:  # else nothing to do (one priority: never), without taking the lock
+                with self._cond:
+                    self._send_probe(outbox, time.monotonic())
 
     def _send_probe(self, outbox: _Outbox, now: float) -> None:
         """Send a probe into ``outbox``'s loop, behind what it holds, unless one is on its way. The lock is held."""
@@ -352,7 +382,11 @@ class RunHandler:
 
     def _catch_up(self, outbox: _Outbox, now: float) -> None:
         """Wait (the lock held, and released while waiting) for the probe through ``outbox``'s loop (sent now if
-        none is on its way), and give credit anyway once it is late."""
+        none is on its way), and give credit anyway once it is late.
+
+        With several workers, one that finds the credit spent sends the probe at once, without waiting for another
+        worker's burst to end: lower-priority runs then start at the pace the loop takes probes, several at once
+        where it keeps up. Waiting for each burst's answers would leave all workers but one idle for them."""
         self._send_probe(outbox, now)
         if outbox.credit > 0:
             return
@@ -404,10 +438,11 @@ class RunHandler:
         while True:
             with self._cond:
                 batch = self._take(wait=not held.results)
-            if batch is None:  # stopping, or (holding results) nothing waits
+            if batch is None:  # stopping, or (holding results) nothing waits, or it waits for the loop
                 if not held.results:
                     return
                 held.hand_back()
+                self._send_due_probes()
                 continue
             started = time.monotonic()
             kind = self._metrics_for(batch[0].ticket)  # its model, version, signature and priority
@@ -432,7 +467,7 @@ class RunHandler:
             kind.last_run = time.monotonic() - started
             held.after(started, mixed=started < self._mixed_until)
             if not held.results:
-                self._probe_after(batch[0].outbox)
+                self._send_due_probes()
 
     def _run_batch(self, batch: list[_Item], started: float, held: _Held) -> None:
         first = batch[0]

@@ -29,9 +29,9 @@ def _run(handler: RunHandler, main):
         handler.close()
 
 
-def _stall() -> float:
-    """Block the event loop's thread for STALL seconds; returns when the stall ended."""
-    time.sleep(STALL)
+def _stall(seconds: float = STALL) -> float:
+    """Block the event loop's thread for ``seconds``; returns when the stall ended."""
+    time.sleep(seconds)
     return time.monotonic()
 
 
@@ -197,7 +197,7 @@ def test_a_stalled_loop_holds_lower_priority_back_at_most_the_pace_timeout():
         starts: list = []
         submitted = time.monotonic()
         lows = [handler.submit(_recorder(starts, f"low{i}"), ticket=LOW) for i in range(3)]
-        stall_end = _stall()
+        stall_end = _stall(20 * timeout)  # room for three timeouts and the wake-ups on a slow machine
         await asyncio.gather(*lows)
         return starts, submitted, stall_end
 
@@ -240,3 +240,63 @@ def test_one_priority_is_never_paced_and_costs_the_loop_no_probe():
     starts, stall_end, pacing_state = _run(handler, main)
     assert len([name for name, t in starts if t < stall_end]) == 5
     assert pacing_state == (0, None, False), "no probe went through the loop: its credit would show"
+
+
+def test_aged_lower_priority_waiting_for_the_loop_does_not_hold_up_a_higher_priority():
+    """Aging lifts long-waiting low-priority work above a fresh higher priority; paced and without credit, it must
+    not keep the worker waiting for the loop while that higher priority could run."""
+    handler = RunHandler(1, aging_seconds=0.1, lower_priority_burst=1, pace_timeout=TIMEOUT)
+
+    async def main():
+        busy = Busy(handler, HIGH)
+        await busy.wait_started()
+        starts: list = []
+        lows = [handler.submit(_recorder(starts, f"low{i}"), ticket=LOW) for i in range(3)]
+        await asyncio.sleep(0.7)  # the lows age past priority 5 (one level per 0.1 s)
+        high = handler.submit(_recorder(starts, "high"), ticket=HIGH)
+        busy.release.set()
+        stall_end = _stall()
+        await asyncio.gather(busy.future, high, *lows)
+        return starts, stall_end
+
+    starts, stall_end = _run(handler, main)
+    assert [name for name, t in starts if t < stall_end] == ["high"]
+
+
+def test_with_several_workers_lower_priority_runs_overlap_where_the_loop_keeps_up():
+    """A worker that finds the credit spent sends the probe at once: an idle loop returns it at once, so a second
+    lower-priority run starts while the first still runs (pacing slows the flood only where the loop lags)."""
+    handler = RunHandler(2, aging_seconds=0, lower_priority_burst=1, pace_timeout=TIMEOUT)
+
+    async def main():
+        await handler.submit(lambda: None, ticket=HIGH)
+        events: list = []
+
+        def long_run():
+            events.append("low0 started")
+            time.sleep(STALL)
+            events.append("low0 ended")
+
+        lows = [handler.submit(long_run, ticket=LOW), handler.submit(lambda: events.append("low1 started"), ticket=LOW)]
+        await asyncio.gather(*lows)
+        return events
+
+    assert _run(handler, main) == ["low0 started", "low1 started", "low0 ended"]
+
+
+def test_close_does_not_wait_for_a_probe():
+    handler = RunHandler(1, aging_seconds=0, lower_priority_burst=1, pace_timeout=TIMEOUT)
+
+    async def main():
+        await handler.submit(lambda: None, ticket=HIGH)
+        starts: list = []
+        lows = [handler.submit(_recorder(starts, f"low{i}"), ticket=LOW) for i in range(3)]
+        began = time.monotonic()
+        handler.close()  # on the loop's thread: no probe can come through while it waits for the workers
+        took = time.monotonic() - began
+        await asyncio.gather(*lows)
+        return starts, took
+
+    starts, took = _run(handler, main)
+    assert [name for name, _ in starts] == ["low0", "low1", "low2"]  # queued work still runs at close
+    assert took < TIMEOUT / 2, f"close took {took:.1f}s: it waited for the pacing timeout"
