@@ -7,7 +7,7 @@ Scheduling (the ticket says priority, deadline, model and metric labels):
 - **Priority**: an integer, larger first, default 0 (TensorFlow's convention). Equal priorities keep arrival
   order. Waiting work ages: its effective priority grows by one every ``aging_seconds``, so a request of
   priority p waiting behind a steady stream of priority q > p runs after at most (q - p) * aging_seconds plus
-  one run.
+  one run (plus, while paced, the loop's catch-up: paced work without credit lets unpaced work go first).
 - **Deadlines**: a request whose deadline passed while queued is answered DEADLINE_EXCEEDED and never runs; a
   cancelled one (its caller went away) is dropped.
 - **Bound**: at most ``max_queued_per_model`` requests of one model wait; beyond it, RESOURCE_EXHAUSTED at once.
