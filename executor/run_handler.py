@@ -301,6 +301,7 @@ class RunHandler:
                         continue
                     queue = self._levels[level]
                     item = queue[0]
+                    outbox = item.outbox
                 elif not wait:  # hand the held answers back first: the probe must go behind them
                     return None
                 else:
