@@ -38,7 +38,7 @@ from server.affinity import LoopPin
 from server.core import ServingCore
 from server.graph_service import GraphExecutorService
 from server.listeners import ListenerGroup
-from server.metrics import model_load, start_metrics_server
+from server.metrics import model_load, start_metrics_server, watch_loop_lag
 from server.rest import RestServer
 from server.settings import ServerSettings
 from server.tfserving import ModelService, PredictionService, SessionService
@@ -340,6 +340,7 @@ async def serve(settings: ServerSettings) -> int:
             elif in_group and not await ports.open():
                 exit_code = 1
             else:
+                tasks.append(asyncio.ensure_future(watch_loop_lag()))
                 if settings.file_system_poll_wait_seconds > 0:
                     tasks.append(asyncio.ensure_future(lifecycle.poll_files()))
                 if settings.model_config_file and settings.model_config_file_poll_wait_seconds > 0:

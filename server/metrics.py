@@ -6,6 +6,7 @@ observe, not a label resolution.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import prometheus_client
@@ -47,6 +48,25 @@ REQUEST_LATENCY = Histogram(
     LABELS,
     buckets=LATENCY_BUCKETS,
 )
+
+# How late the event loop runs a timer, sampled twice a second: what any callback, every gRPC and REST call's
+# included, waits for the loop thread right then. Under load the loop, not TensorFlow, is what limits servex.
+EVENT_LOOP_LAG = Histogram(
+    "servex_event_loop_lag_seconds",
+    "How late the event loop ran a timer (sampled every 0.5 s): the wait of any callback for the loop thread",
+    buckets=LATENCY_BUCKETS,
+)
+LAG_INTERVAL_SECONDS = 0.5
+
+
+async def watch_loop_lag(interval: float = LAG_INTERVAL_SECONDS) -> None:
+    """Observe the running loop's lag every ``interval`` seconds, until cancelled."""
+    loop = asyncio.get_running_loop()
+    while True:
+        due = loop.time() + interval
+        await asyncio.sleep(interval)
+        EVENT_LOOP_LAG.observe(max(0.0, loop.time() - due))
+
 
 _children: dict[tuple, tuple] = {}
 

@@ -52,6 +52,37 @@ def test_batched_callers_each_get_their_own_rows(start_daemon):
     assert metric(daemon, "servex_run_seconds_count", model="hp", version="123") == 16 * 25
 
 
+def test_mixed_priorities_paced_and_batched_each_caller_gets_its_own_rows(start_daemon):
+    """A high-priority caller beside low-priority ones: the lows are paced by the event loop (the default) and
+    batched; every answer is still the caller's own, and the loop's lag is on /metrics."""
+    daemon = start_daemon(f"--model_base_path={HALF_PLUS_TWO_TF1}", "--model_name=hp", "--enable_batching",
+                          "--lower_priority_burst=2")  # fmt: skip
+    errors, wrong = [], []
+
+    def caller(i, priority):
+        channel = grpc.insecure_channel(daemon.address)
+        for j in range(20):
+            x = np.array([[i * 100.0 + j]], np.float32)
+            try:
+                y = predict(channel, "hp", "x", x, priority=priority)
+                if not np.array_equal(y, 0.5 * x + 2):
+                    wrong.append((x, y))
+            except grpc.RpcError as e:
+                errors.append(e)
+        channel.close()
+
+    threads = [threading.Thread(target=caller, args=(i, 10 if i == 0 else 0)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert errors == [] and wrong == []
+    assert metric(daemon, "servex_requests_total", model="hp", priority="10", code="OK") == 20
+    assert metric(daemon, "servex_requests_total", model="hp", priority="0", code="OK") == 7 * 20
+    time.sleep(1.2)  # two lag samples at least (every 0.5 s)
+    assert metric(daemon, "servex_event_loop_lag_seconds_count") >= 2
+
+
 def test_priority_metadata_must_be_an_integer(start_daemon):
     daemon = start_daemon(f"--model_base_path={HALF_PLUS_TWO_TF1}", "--model_name=hp")
     with pytest.raises(grpc.RpcError) as info:
