@@ -49,11 +49,12 @@ REQUEST_LATENCY = Histogram(
     buckets=LATENCY_BUCKETS,
 )
 
-# How late the event loop runs a timer, sampled twice a second: what any callback, every gRPC and REST call's
-# included, waits for the loop thread right then. Under load the loop, not TensorFlow, is what limits servex.
+# How late the event loop runs a timer, sampled twice a second: long values mean the loop thread was held (a long
+# callback, a garbage collection). Calls queued in gRPC core under load do not show here: the loop takes gRPC's
+# completions in batches, and its iterations stay short (measured 0.1-0.15 ms at 32 callers on the MLP).
 EVENT_LOOP_LAG = Histogram(
     "servex_event_loop_lag_seconds",
-    "How late the event loop ran a timer (sampled every 0.5 s): the wait of any callback for the loop thread",
+    "How late the event loop ran a timer (sampled every 0.5 s): long values mean the loop thread was held",
     buckets=LATENCY_BUCKETS,
 )
 LAG_INTERVAL_SECONDS = 0.5

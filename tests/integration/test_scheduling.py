@@ -54,7 +54,7 @@ def test_batched_callers_each_get_their_own_rows(start_daemon):
 
 def test_mixed_priorities_paced_and_batched_each_caller_gets_its_own_rows(start_daemon):
     """A high-priority caller beside low-priority ones: the lows are paced by the event loop (the default) and
-    batched; every answer is still the caller's own, and the loop's lag is on /metrics."""
+    batched; every answer is still the caller's own. The loop's lag is sampled on /metrics."""
     daemon = start_daemon(f"--model_base_path={HALF_PLUS_TWO_TF1}", "--model_name=hp", "--enable_batching",
                           "--lower_priority_burst=2")  # fmt: skip
     errors, wrong = [], []
