@@ -39,13 +39,27 @@ def _recorder(starts: list, name):
     return lambda: starts.append((name, time.monotonic()))
 
 
+def _lows(handler: RunHandler, starts: list, n: int = 3) -> list:
+    """Queue ``n`` low-priority runs that record their start in ``starts`` as low0, low1, ..."""
+    return [handler.submit(_recorder(starts, f"low{i}"), ticket=LOW) for i in range(n)]
+
+
+async def _lows_through_a_stall(handler: RunHandler, n: int = 3, stall: float = STALL) -> tuple[list, float]:
+    """Queue ``n`` low-priority runs, stall the loop, wait for them: their starts, and when the stall ended."""
+    starts: list = []
+    lows = _lows(handler, starts, n)
+    stall_end = _stall(stall)
+    await asyncio.gather(*lows)
+    return starts, stall_end
+
+
 def test_lower_priority_waits_for_the_loop_while_a_higher_priority_arrives():
     handler = RunHandler(1, aging_seconds=0, lower_priority_burst=1, pace_timeout=TIMEOUT)
 
     async def main():
         await handler.submit(lambda: None, ticket=HIGH)  # a higher priority is arriving
         starts: list = []
-        lows = [handler.submit(_recorder(starts, f"low{i}"), ticket=LOW) for i in range(3)]
+        lows = _lows(handler, starts)
         high = handler.submit(_recorder(starts, "high"), ticket=HIGH)
         stall_end = _stall()
         await asyncio.gather(high, *lows)
@@ -63,11 +77,7 @@ def test_without_pacing_lower_priority_runs_while_the_loop_is_stalled():
 
     async def main():
         await handler.submit(lambda: None, ticket=HIGH)
-        starts: list = []
-        lows = [handler.submit(_recorder(starts, f"low{i}"), ticket=LOW) for i in range(3)]
-        stall_end = _stall()
-        await asyncio.gather(*lows)
-        return starts, stall_end
+        return await _lows_through_a_stall(handler)
 
     starts, stall_end = _run(handler, main)
     assert [name for name, t in starts if t < stall_end] == ["low0", "low1", "low2"]
@@ -178,11 +188,7 @@ def test_pacing_ends_a_second_after_the_last_higher_priority_request():
     async def main():
         await handler.submit(lambda: None, ticket=HIGH)
         await asyncio.sleep(1.1)  # MIXED_PRIORITY_SECONDS: the higher priority no longer counts as arriving
-        starts: list = []
-        lows = [handler.submit(_recorder(starts, f"low{i}"), ticket=LOW) for i in range(3)]
-        stall_end = _stall()
-        await asyncio.gather(*lows)
-        return starts, stall_end
+        return await _lows_through_a_stall(handler)
 
     starts, stall_end = _run(handler, main)
     assert [name for name, t in starts if t < stall_end] == ["low0", "low1", "low2"]
@@ -194,11 +200,9 @@ def test_a_stalled_loop_holds_lower_priority_back_at_most_the_pace_timeout():
 
     async def main():
         await handler.submit(lambda: None, ticket=HIGH)
-        starts: list = []
         submitted = time.monotonic()
-        lows = [handler.submit(_recorder(starts, f"low{i}"), ticket=LOW) for i in range(3)]
-        stall_end = _stall(20 * timeout)  # room for three timeouts and the wake-ups on a slow machine
-        await asyncio.gather(*lows)
+        # a stall with room for three timeouts and the wake-ups on a slow machine
+        starts, stall_end = await _lows_through_a_stall(handler, stall=20 * timeout)
         return starts, submitted, stall_end
 
     starts, submitted, stall_end = _run(handler, main)
@@ -228,10 +232,7 @@ def test_one_priority_is_never_paced_and_costs_the_loop_no_probe():
     handler = RunHandler(1, aging_seconds=0, lower_priority_burst=1, pace_timeout=TIMEOUT, hold_seconds=0)
 
     async def main():
-        starts: list = []
-        lows = [handler.submit(_recorder(starts, f"low{i}"), ticket=LOW) for i in range(5)]
-        stall_end = _stall()
-        await asyncio.gather(*lows)
+        starts, stall_end = await _lows_through_a_stall(handler, n=5)
         for _ in range(20):  # room for a probe, had one been sent, to come through
             await asyncio.sleep(0)
         outbox = handler._outboxes[asyncio.get_running_loop()]
@@ -251,7 +252,7 @@ def test_aged_lower_priority_waiting_for_the_loop_does_not_hold_up_a_higher_prio
         busy = Busy(handler, HIGH)
         await busy.wait_started()
         starts: list = []
-        lows = [handler.submit(_recorder(starts, f"low{i}"), ticket=LOW) for i in range(3)]
+        lows = _lows(handler, starts)
         await asyncio.sleep(0.7)  # the lows age past priority 5 (one level per 0.1 s)
         high = handler.submit(_recorder(starts, "high"), ticket=HIGH)
         busy.release.set()
@@ -290,7 +291,7 @@ def test_close_does_not_wait_for_a_probe():
     async def main():
         await handler.submit(lambda: None, ticket=HIGH)
         starts: list = []
-        lows = [handler.submit(_recorder(starts, f"low{i}"), ticket=LOW) for i in range(3)]
+        lows = _lows(handler, starts)
         began = time.monotonic()
         handler.close()  # on the loop's thread: no probe can come through while it waits for the workers
         took = time.monotonic() - began
