@@ -14,6 +14,7 @@ from loader.variables import VariableStore
 from protos.servex.v1 import graph_executor_pb2, variables_pb2, variables_pb2_grpc
 from server import tensors
 from server.core import ServingCore
+from server.graph_service import model_ref
 from server.rpc import rpc
 
 log = logging.getLogger(__name__)
@@ -59,9 +60,7 @@ class VariableService(variables_pb2_grpc.VariableServiceServicer):
         self.max_tensor_bytes = max_tensor_bytes
 
     def _resolve(self, model):
-        if not model.name:
-            raise InvalidArgument("model.name is empty: name the model")
-        return self.core.resolve(model.name, model.version if model.HasField("version") else None, model.version_label)
+        return self.core.resolve(*model_ref(model))
 
     @staticmethod
     def _ref(served) -> graph_executor_pb2.ModelRef:
@@ -77,11 +76,7 @@ class VariableService(variables_pb2_grpc.VariableServiceServicer):
 
     @rpc
     async def Prefetch(self, request, context):
-        lease = self.core.lease(
-            request.model.name,
-            request.model.version if request.model.HasField("version") else None,
-            request.model.version_label,
-        )  # the version stays loaded while its variables restore
+        lease = self.core.lease(*model_ref(request.model))  # the version stays loaded while its variables restore
         served = lease.served
         try:
             store = served.servable.model.variables
@@ -103,11 +98,7 @@ class VariableService(variables_pb2_grpc.VariableServiceServicer):
 
     @rpc
     async def AssignVariable(self, request, context):
-        lease = self.core.lease(
-            request.model.name,
-            request.model.version if request.model.HasField("version") else None,
-            request.model.version_label,
-        )
+        lease = self.core.lease(*model_ref(request.model))
         served = lease.served
         try:
             store = served.servable.model.variables

@@ -290,7 +290,7 @@ async def serve(settings: ServerSettings) -> int:
     )
     from server import kserve  # not at module level: its inference.* protos clash with tritonclient's in one process
 
-    kserve.add_to_server(core, server)
+    kserve.add_to_server(core, server, settings.max_message_bytes)
     health_servicer = health.aio.HealthServicer()
     lifecycle = Lifecycle(manager, health_servicer, settings)
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(

@@ -314,6 +314,16 @@ async def regress(
     return response
 
 
+def _version_of(spec) -> str:
+    """How a ModelSpec names its version, for comparing tasks: a number, a label, or the latest."""
+    which = spec.WhichOneof("version_choice")
+    if which == "version":
+        return f"version {spec.version.value}"
+    if which == "version_label":
+        return f"version_label {spec.version_label!r}"
+    return "the latest version"
+
+
 async def multi_inference(
     core: ServingCore, request: inference_pb2.MultiInferenceRequest, *, check_method_name: bool = False
 ) -> inference_pb2.MultiInferenceResponse:
@@ -335,6 +345,11 @@ async def multi_inference(
                 raise InvalidArgument(
                     f"all tasks of a MultiInferenceRequest must name the same model: tasks[0] names "
                     f"{first.name!r}, tasks[{i}] names {spec.name!r}"
+                )
+            if _version_of(spec) != _version_of(first):
+                raise InvalidArgument(
+                    f"all tasks of a MultiInferenceRequest run one version of the model: tasks[0] names "
+                    f"{_version_of(first)}, tasks[{i}] names {_version_of(spec)}"
                 )
             signature_name = spec.signature_name or DEFAULT_SIGNATURE
             if signature_name in seen:

@@ -3,10 +3,25 @@ optional explicit graph name, over the ServingCore."""
 
 from __future__ import annotations
 
+from loader.errors import InvalidArgument
 from protos.servex.v1 import graph_executor_pb2, graph_executor_pb2_grpc
 from server import tensors
 from server.core import REQUEST, ServingCore, checked_priority
 from server.rpc import rpc
+
+
+def model_ref(model) -> tuple[str, int | None, str]:
+    """A servex.v1 ModelRef as (name, version or None, label); INVALID_ARGUMENT for no name, or for a version and
+    a label together (TensorFlow Serving's ModelSpec makes them a oneof; here the label would silently win)."""
+    if not model.name:
+        raise InvalidArgument("model.name is empty: name the model")
+    version = model.version if model.HasField("version") else None
+    if version is not None and model.version_label:
+        raise InvalidArgument(
+            f"model {model.name!r}: the request names version {version} and version_label "
+            f"{model.version_label!r}; give one of them"
+        )
+    return model.name, version, model.version_label
 
 
 class GraphExecutorService(graph_executor_pb2_grpc.GraphExecutorServicer):
@@ -16,14 +31,14 @@ class GraphExecutorService(graph_executor_pb2_grpc.GraphExecutorServicer):
 
     @rpc
     async def Run(self, request: graph_executor_pb2.RunRequest, context) -> graph_executor_pb2.RunResponse:
-        model = request.model
+        name, version, label = model_ref(request.model)
         if request.priority:
             REQUEST.get().priority = checked_priority(request.priority, "RunRequest.priority")
         feeds = {name: tensors.to_ndarray(proto, name, self.max_tensor_bytes) for name, proto in request.feeds.items()}
         result = await self.core.run_graph(
-            model.name,
-            model.version if model.HasField("version") else None,
-            model.version_label,
+            name,
+            version,
+            label,
             feeds,
             list(request.fetches),
             list(request.targets),

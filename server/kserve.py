@@ -27,7 +27,7 @@ from protos.inference import grpc_service_pb2 as pb
 from protos.inference import grpc_service_pb2_grpc as pb_grpc
 from server import v2_config, v2_stats, v2_types
 from server.core import REQUEST, RequestInfo, ServingCore, checked_priority
-from server.rpc import record, request_info, rpc
+from server.rpc import check_answer_size, record, request_info, rpc
 from server.shared_memory import NO_CUDA_MEMORY
 from server.v2_config import PLATFORM
 
@@ -60,9 +60,10 @@ def _tensor_metadata(name: str, spec) -> pb.ModelMetadataResponse.TensorMetadata
 
 
 class KServeService(pb_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, core: ServingCore):
+    def __init__(self, core: ServingCore, max_tensor_bytes: int | None = None):
         self.core = core
         self.version = _server_version()
+        self.max_tensor_bytes = max_tensor_bytes  # --max_message_bytes: no answer larger is sent
 
     @rpc
     async def ServerLive(self, request, context):
@@ -157,6 +158,7 @@ class KServeService(pb_grpc.GRPCInferenceServiceServicer):
                 info = request_info(context)
                 REQUEST.set(info)
                 answer = pb.ModelStreamInferResponse(infer_response=await self._infer(request))
+                check_answer_size(answer, self.max_tensor_bytes, "ModelStreamInfer")
             except ServingError as e:
                 code = e.code
                 answer = pb.ModelStreamInferResponse(error_message=f"{e.code}: {e.message}")
@@ -308,8 +310,8 @@ class RepositoryService(pb_grpc.GRPCInferenceServiceServicer):
         return pb.RepositoryModelUnloadResponse()
 
 
-def add_to_server(core: ServingCore, server) -> None:
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(KServeService(core), server)
+def add_to_server(core: ServingCore, server, max_tensor_bytes: int | None = None) -> None:
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(KServeService(core, max_tensor_bytes), server)
 
 
 def add_repository_to_server(core: ServingCore, lifecycle, server) -> None:

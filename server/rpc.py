@@ -11,7 +11,7 @@ import time
 import grpc
 
 from executor.statistics import statistics
-from loader.errors import ServingError
+from loader.errors import ResourceExhausted, ServingError
 from server import metrics
 from server.core import REQUEST, RequestInfo, priority_from_text
 
@@ -54,18 +54,47 @@ def rpc(method):
         try:
             info = request_info(context)
             REQUEST.set(info)
-            return await method(self, request, context)
+            answer = await method(self, request, context)
+            check_answer_size(answer, getattr(self, "max_tensor_bytes", None), name)
+            return answer
         except ServingError as e:
             code = e.code
-            await context.abort(getattr(grpc.StatusCode, e.code), e.message)
+            await context.abort(getattr(grpc.StatusCode, e.code), bounded(e.message))
         except Exception as e:
             code = "INTERNAL"
             log.exception("%s failed", name)
-            await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {name}: {type(e).__name__}: {e}")
+            message = f"internal error in {name}: {type(e).__name__}: {e}"
+            await context.abort(grpc.StatusCode.INTERNAL, bounded(message))
         finally:
             record(self.core, name, model, info, code, start)
 
     return wrapper
+
+
+MAX_MESSAGE_CHARS = 4096
+
+
+def bounded(message: str) -> str:
+    """An error message cut to ``MAX_MESSAGE_CHARS``: it travels in a trailer, and gRPC refuses trailers past
+    16 KiB, which would hide the status behind a RESOURCE_EXHAUSTED of its own (a request naming thousands of
+    unknown outputs, say, gets a message listing them)."""
+    if len(message) <= MAX_MESSAGE_CHARS:
+        return message
+    return f"{message[:MAX_MESSAGE_CHARS]}... ({len(message) - MAX_MESSAGE_CHARS} more characters)"
+
+
+def check_answer_size(answer, limit: int | None, method: str) -> None:
+    """RESOURCE_EXHAUSTED when ``answer`` is larger than gRPC will send (``limit``: --max_message_bytes, carried
+    by the services that answer tensors as ``max_tensor_bytes``). Checked here, gRPC would fail the call after
+    the handler with a logged traceback, and a stream would end. ByteSize costs ~0.1 us on a small answer."""
+    if limit is None or answer is None:
+        return
+    size = answer.ByteSize()
+    if size > limit:
+        raise ResourceExhausted(
+            f"the answer to {method} is {size} bytes, more than the limit of {limit} bytes (--max_message_bytes): "
+            f"ask for fewer rows or outputs, or start servex with a larger --max_message_bytes"
+        )
 
 
 def record(core, method: str, model: str, info: RequestInfo, code: str, start: float) -> None:

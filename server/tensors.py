@@ -41,7 +41,12 @@ _CODECS: dict[int, tuple[np.dtype, str, np.dtype]] = {
     types_pb2.DT_STRING: (np.dtype(object), "string_val", np.dtype(object)),
 }
 _ENUM_OF: dict[np.dtype, int] = {codec[0]: enum for enum, codec in _CODECS.items()}
-_MAX_ELEMENTS = 2**63 - 1  # TensorFlow's limit on a tensor's element count
+MAX_DIMS = 64  # NumPy's limit on an array's rank
+_MAX_BYTES = 2**63 - 1  # NumPy indexes bytes with int64: even a zero-size shape must describe fewer
+# TensorFlow keeps each element of a string tensor as a tstring (32 bytes) besides its bytes: what a string
+# tensor costs once fed, counted against --max_message_bytes when a few values are broadcast over a shape.
+STRING_ELEMENT_BYTES = 32
+OUTPUT_CHUNK = 1 << 20  # output elements turned into Python values at a time when writing typed fields
 
 
 def dtype_name(dtype: np.dtype) -> str:
@@ -65,9 +70,23 @@ def _shape(proto: tensor_pb2.TensorProto, name: str) -> tuple[int, ...]:
     if proto.tensor_shape.unknown_rank:
         raise InvalidArgument(f"input {name!r}: tensor_shape has unknown_rank set; a request tensor needs its shape")
     shape = tuple([d.size for d in proto.tensor_shape.dim])
-    if any(d < 0 for d in shape):
-        raise InvalidArgument(f"input {name!r}: tensor_shape {list(shape)} has a negative dimension")
+    check_shape(shape, name)
     return shape
+
+
+def check_shape(shape, name: str, itemsize: int = 16) -> None:
+    """INVALID_ARGUMENT naming input ``name`` for a shape no array can have: a negative dimension, more than 64
+    dimensions (NumPy's limit), or dimensions whose product (the zero ones taken as 1: what NumPy must index,
+    even for an empty tensor) times ``itemsize`` is past 2^63 bytes."""
+    if len(shape) > MAX_DIMS:
+        raise InvalidArgument(f"input {name!r}: shape has {len(shape)} dimensions; at most {MAX_DIMS} are supported")
+    described = itemsize
+    for dim in shape:
+        if dim < 0:
+            raise InvalidArgument(f"input {name!r}: shape {list(shape)} has a negative dimension")
+        described *= max(dim, 1)
+    if described > _MAX_BYTES:
+        raise InvalidArgument(f"input {name!r}: shape {list(shape)} is too large to describe (past 2^63 bytes)")
 
 
 def to_ndarray(proto: tensor_pb2.TensorProto, name: str, max_bytes: int | None = None) -> np.ndarray:
@@ -86,13 +105,13 @@ def to_ndarray(proto: tensor_pb2.TensorProto, name: str, max_bytes: int | None =
     dtype, field, field_dtype = codec
     shape = _shape(proto, name)
     count = math.prod(shape)  # Python ints: no silent int64 wrap-around
-    if count > _MAX_ELEMENTS:
-        raise InvalidArgument(f"input {name!r}: shape {list(shape)} holds {count} elements, more than a tensor can")
-    if max_bytes is not None and count * dtype.itemsize > max_bytes:
-        raise ResourceExhausted(
-            f"input {name!r}: shape {list(shape)} of {DT.Name(proto.dtype)} decodes to {count * dtype.itemsize} "
-            f"bytes, more than the limit of {max_bytes} (--max_message_bytes)"
-        )
+    if max_bytes is not None:
+        decoded = _decoded_bytes(proto, count, dtype)
+        if decoded > max_bytes:
+            raise ResourceExhausted(
+                f"input {name!r}: shape {list(shape)} of {DT.Name(proto.dtype)} decodes to {decoded} bytes, more "
+                f"than the limit of {max_bytes} (--max_message_bytes)"
+            )
     content = proto.tensor_content
     if content:
         if proto.dtype == types_pb2.DT_STRING:
@@ -138,6 +157,18 @@ def to_ndarray(proto: tensor_pb2.TensorProto, name: str, max_bytes: int | None =
     return flat.reshape(shape)
 
 
+def _decoded_bytes(proto: tensor_pb2.TensorProto, count: int, dtype: np.dtype) -> int:
+    """What the tensor costs once decoded and fed: its elements' bytes; for strings, each element's own bytes
+    plus TensorFlow's per-element overhead (a broadcast string is copied into every element)."""
+    if proto.dtype != types_pb2.DT_STRING:
+        return count * dtype.itemsize
+    values = proto.string_val
+    if not values or count <= len(values):  # every element sent: the message itself bounds them
+        return count * STRING_ELEMENT_BYTES
+    sent = sum(map(len, values))
+    return sent + len(values) * STRING_ELEMENT_BYTES + (count - len(values)) * (len(values[-1]) + STRING_ELEMENT_BYTES)
+
+
 def fill_proto(proto: tensor_pb2.TensorProto, array: np.ndarray, tensor_content: bool = False) -> None:
     """Write ``array`` into ``proto`` (a fresh TensorProto, e.g. a response map entry)."""
     dtype = array.dtype
@@ -151,8 +182,7 @@ def fill_proto(proto: tensor_pb2.TensorProto, array: np.ndarray, tensor_content:
     for size in array.shape:
         add_dim(size=size)
     if enum == types_pb2.DT_STRING:
-        flat = array.ravel().tolist()
-        proto.string_val.extend(v.encode() if isinstance(v, str) else v for v in flat)
+        proto.string_val.extend(v.encode() if isinstance(v, str) else v for v in array.ravel())
         return
     if tensor_content:
         proto.tensor_content = np.ascontiguousarray(array).tobytes()
@@ -160,7 +190,17 @@ def fill_proto(proto: tensor_pb2.TensorProto, array: np.ndarray, tensor_content:
     _, field, field_dtype = _CODECS[enum]
     if field == "half_val" or field in ("scomplex_val", "dcomplex_val"):
         array = np.ascontiguousarray(array).view(field_dtype)
-    getattr(proto, field).extend(array.ravel().tolist())
+    extend_in_chunks(getattr(proto, field), array.ravel())
+
+
+def extend_in_chunks(field, flat: np.ndarray) -> None:
+    """``field.extend(flat.tolist())``, a million elements at a time: a large output never exists as one list
+    of Python numbers (32 bytes each) besides the array and the message."""
+    if flat.size <= OUTPUT_CHUNK:
+        field.extend(flat.tolist())
+        return
+    for start in range(0, flat.size, OUTPUT_CHUNK):
+        field.extend(flat[start : start + OUTPUT_CHUNK].tolist())
 
 
 def from_ndarray(array: np.ndarray, tensor_content: bool = False) -> tensor_pb2.TensorProto:

@@ -8,6 +8,7 @@ TensorFlow string tensors take).
 
 from __future__ import annotations
 
+import math
 import re
 import struct
 
@@ -15,6 +16,7 @@ import ml_dtypes
 import numpy as np
 
 from loader.errors import FailedPrecondition, InvalidArgument
+from server.tensors import check_shape, extend_in_chunks
 
 BYTES = "BYTES"
 
@@ -57,21 +59,11 @@ def datatype(dtype: np.dtype) -> str:
     return name
 
 
-MAX_ELEMENTS = 2**62  # beyond, NumPy cannot even describe the shape (zero-size or not)
-
-
 def element_count(shape, tensor: str) -> int:
-    """The element count of a v2 shape; INVALID_ARGUMENT for a negative dimension or a shape too large to exist."""
-    count = 1
-    described = 1  # the product of the non-zero dimensions: what NumPy must be able to index
-    for dim in shape:
-        if dim < 0:
-            raise InvalidArgument(f"input {tensor!r}: shape {list(shape)} has a negative dimension")
-        count *= dim
-        described *= max(dim, 1)
-    if described >= MAX_ELEMENTS:
-        raise InvalidArgument(f"input {tensor!r}: shape {list(shape)} is too large (at most 2^62 elements)")
-    return count
+    """The element count of a v2 shape; INVALID_ARGUMENT for a negative dimension, more than 64 dimensions or a
+    shape too large for any array to describe (zero-size or not; see ``tensors.check_shape``)."""
+    check_shape(shape, tensor)
+    return math.prod(shape)
 
 
 def from_raw(raw: bytes | memoryview, datatype_: str, shape, tensor: str) -> np.ndarray:
@@ -86,7 +78,13 @@ def from_raw(raw: bytes | memoryview, datatype_: str, shape, tensor: str) -> np.
             f"input {tensor!r}: {len(raw)} raw bytes do not fit datatype {datatype_} shape {list(shape)}, "
             f"which takes {expected} bytes"
         )
-    return np.frombuffer(raw, dtype=dtype.newbyteorder("<")).reshape(shape)
+    array = np.frombuffer(raw, dtype=dtype.newbyteorder("<")).reshape(shape)
+    if dtype.kind == "b" and count and np.frombuffer(raw, np.uint8).max() > 1:
+        bad = int(np.flatnonzero(np.frombuffer(raw, np.uint8) > 1)[0])
+        raise InvalidArgument(
+            f"input {tensor!r}: BOOL byte {raw[bad]} at element {bad}; each element is one byte, 0 or 1"
+        )
+    return array
 
 
 def decode_bytes(raw: bytes | memoryview, count: int, tensor: str) -> np.ndarray:
@@ -329,7 +327,7 @@ def fill_contents(contents, array: np.ndarray) -> None:
     if field == "bytes_contents":
         getattr(contents, field).extend(v.encode() if isinstance(v, str) else bytes(v) for v in flat)
     else:
-        getattr(contents, field).extend(flat.tolist())
+        extend_in_chunks(getattr(contents, field), flat)
 
 
 def fill_infer_outputs(response, outputs: dict[str, np.ndarray], raw: bool, shared=None, places=None) -> None:

@@ -178,5 +178,11 @@ def test_errors_name_what_was_wrong(tf1):
     expect_error(grpc.StatusCode.INVALID_ARGUMENT, ["'x:0'", "float32", "float64"],
                  run, tf1.channel, "hp", {"x:0": X.astype(np.float64)}, ["y:0"])  # fmt: skip
     expect_error(grpc.StatusCode.NOT_FOUND, ["'nope'"], run, tf1.channel, "nope", {"x:0": X}, ["y:0"])
+    expect_error(grpc.StatusCode.INVALID_ARGUMENT, ["model.name is empty"], run, tf1.channel, "", {"x:0": X}, ["y:0"])
+    both = graph_executor_pb2.RunRequest(fetches=["y:0"])
+    both.model.name, both.model.version, both.model.version_label = "hp", 999, "stable"
+    both.feeds["x:0"].CopyFrom(tf.make_tensor_proto(X))
+    expect_error(grpc.StatusCode.INVALID_ARGUMENT, ["'hp'", "version 999 and version_label 'stable'", "give one"],
+                 graph_executor_pb2_grpc.GraphExecutorStub(tf1.channel).Run, both, timeout=30)  # fmt: skip
     out, _ = run(tf1.channel, "hp", {"x:0": X}, ["y:0"])  # still serving
     np.testing.assert_array_equal(out[0], 0.5 * X + 2)

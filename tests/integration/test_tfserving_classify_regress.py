@@ -197,6 +197,17 @@ def _models_differ():
     return request
 
 
+def _versions_differ(first=None, second=124, label=""):
+    request = multi_request([("classify_x_to_y", CLASSIFY), ("regress_x_to_y", REGRESS)])
+    if first is not None:
+        request.tasks[0].model_spec.version.value = first
+    if label:
+        request.tasks[1].model_spec.version_label = label
+    else:
+        request.tasks[1].model_spec.version.value = second
+    return request
+
+
 ERROR_CASES = {
     "classify-empty-input": (
         "Classify",
@@ -263,6 +274,18 @@ ERROR_CASES = {
         _models_differ,
         grpc.StatusCode.INVALID_ARGUMENT,
         ["must name the same model", "tasks[0] names 'tf1', tasks[1] names 'tf2'"],
+    ),
+    "multi-versions-differ": (
+        "MultiInference",
+        lambda: _versions_differ(first=123, second=124),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        ["run one version of the model", "tasks[0] names version 123, tasks[1] names version 124"],
+    ),
+    "multi-latest-and-label": (
+        "MultiInference",
+        lambda: _versions_differ(label="stable"),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        ["tasks[0] names the latest version, tasks[1] names version_label 'stable'"],
     ),
     "multi-duplicate-signature": (
         "MultiInference",

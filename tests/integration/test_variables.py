@@ -144,6 +144,19 @@ def test_assign_variable_changes_the_answer_and_refuses_mismatches(lazy):
     with pytest.raises(grpc.RpcError) as info:
         _assign(stub, "nope", np.float32(1))
     assert info.value.code() == grpc.StatusCode.NOT_FOUND and "scale" in info.value.details()
+    # A version and a label together: refused, not the label's version changed instead of the one named.
+    both = variables_pb2.AssignVariableRequest(name="scale")
+    both.model.name, both.model.version, both.model.version_label = "cold", 7, "stable"
+    both.value.CopyFrom(tf.make_tensor_proto(np.float32(1)))
+    with pytest.raises(grpc.RpcError) as info:
+        stub.AssignVariable(both, timeout=30)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "version 7 and version_label 'stable'" in info.value.details()
+    both.model.ClearField("version_label")
+    both.model.ClearField("name")
+    with pytest.raises(grpc.RpcError) as info:
+        stub.AssignVariable(both, timeout=30)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "model.name is empty" in info.value.details()
     np.testing.assert_allclose(predict(daemon.channel, "calibrate", "x", np.array([2.0], np.float32)), [8.0])
 
 

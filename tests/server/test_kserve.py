@@ -151,6 +151,27 @@ def test_negative_dimension_is_invalid():
         decode(request)
 
 
+@pytest.mark.parametrize("shape", [[0, 2**61], [0, 2**40, 2**40], [1] * 65], ids=["0x2^61", "0x2^40x2^40", "rank-65"])
+def test_shape_no_array_can_have_is_invalid(shape):
+    # Zero elements but dimensions NumPy cannot index, or more dimensions than NumPy supports: INVALID_ARGUMENT,
+    # not the ValueError from reshape that the server would answer INTERNAL.
+    request = raw_request({"a": np.zeros(0, np.float32)})
+    request.inputs[0].shape[:] = shape
+    if len(shape) == 65:
+        request.raw_input_contents[0] = np.zeros(1, np.float32).tobytes()
+    with pytest.raises(InvalidArgument, match="'a': shape .*(too large|65 dimensions)"):
+        decode(request)
+
+
+def test_bool_bytes_other_than_0_and_1_are_invalid():
+    request = raw_request({"z": np.array([True, False, True])})
+    request.raw_input_contents[0] = b"\x01\x00\x07"
+    with pytest.raises(InvalidArgument, match="'z': BOOL byte 7 at element 2; each element is one byte, 0 or 1"):
+        decode(request)
+    request.raw_input_contents[0] = b"\x01\x00\x01"
+    np.testing.assert_array_equal(decode(request)[0]["z"], [True, False, True])
+
+
 def test_malformed_bytes_are_invalid():
     request = raw_request({"s": np.array([b"abc", b"de"], dtype=object)})
     request.raw_input_contents[0] = request.raw_input_contents[0][:-1]

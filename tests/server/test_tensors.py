@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 from tensorflow.core.framework import tensor_pb2, types_pb2
 
-from loader.errors import InvalidArgument
+from loader.errors import InvalidArgument, ResourceExhausted
 from server import tensors
 
 NAME = "images_in"  # input alias passed to to_ndarray; every error message must name it
@@ -543,6 +543,53 @@ def test_error_element_count_overflowing_int64(shape, fields):
     # TensorFlow's TensorShape refuses shapes of more than 2**63 - 1 elements; the codec must answer
     # INVALID_ARGUMENT for them too, not crash with a NumPy error (which the server would report as INTERNAL).
     _invalid(_shaped(types_pb2.DT_FLOAT, shape, **fields))
+
+
+@pytest.mark.parametrize(
+    ("dtype_enum", "shape"),
+    [(types_pb2.DT_FLOAT, [0, 2**61]), (types_pb2.DT_FLOAT, [0, 2**40, 2**40]), (types_pb2.DT_STRING, [0, 2**60])],
+    ids=["float-0x2^61", "float-0x2^40x2^40", "string-0x2^60"],
+)
+def test_error_empty_shape_too_large_to_describe(dtype_enum, shape):
+    # No element, but NumPy still indexes the other dimensions' bytes: past 2^63 it cannot make the array, which
+    # must be INVALID_ARGUMENT, not a ValueError the server would answer INTERNAL.
+    _invalid(_shaped(dtype_enum, shape), "too large")
+
+
+def test_error_more_dimensions_than_numpy_supports():
+    _invalid(_shaped(types_pb2.DT_FLOAT, [1] * 65, float_val=[1.0]), "65 dimensions", "at most 64")
+    assert tensors.to_ndarray(_shaped(types_pb2.DT_FLOAT, [1] * 64, float_val=[1.0]), NAME).shape == (1,) * 64
+
+
+LIMIT = 256 << 20  # the server's default --max_message_bytes
+
+
+@pytest.mark.parametrize(
+    ("value", "shape"),
+    [(b"x" * 9, [16_000_000]), (b"y" * (1 << 20), [1500])],
+    ids=["9-bytes-over-16M", "1MiB-over-1500"],
+)
+def test_broadcast_string_counts_every_copy_against_the_limit(value, shape):
+    # One string value broadcast over a shape is copied into every element once fed to TensorFlow (32 bytes
+    # each besides its bytes): a message of a few bytes must not decode to gigabytes.
+    proto = _shaped(types_pb2.DT_STRING, shape, string_val=[value])
+    with pytest.raises(ResourceExhausted, match=rf"'{NAME}'.*decodes to \d+ bytes, more than the limit"):
+        tensors.to_ndarray(proto, NAME, LIMIT)
+
+
+def test_broadcast_string_within_the_limit_decodes():
+    proto = _shaped(types_pb2.DT_STRING, [1000], string_val=[b"first", b"last"])
+    array = tensors.to_ndarray(proto, NAME, LIMIT)
+    assert array.tolist() == [b"first"] + [b"last"] * 999
+    np.testing.assert_array_equal(array, tf.make_ndarray(proto))
+
+
+def test_large_typed_output_is_written_in_chunks(monkeypatch):
+    monkeypatch.setattr(tensors, "OUTPUT_CHUNK", 7)  # chunks of 7 over 100 elements: a short last chunk
+    values = np.arange(100, dtype=np.float32).reshape(4, 25) / 3
+    proto = tensors.from_ndarray(values)
+    assert len(proto.float_val) == 100
+    np.testing.assert_array_equal(tf.make_ndarray(proto), values)
 
 
 def test_error_odd_number_of_complex_components():

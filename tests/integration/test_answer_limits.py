@@ -1,0 +1,92 @@
+"""Answers and error messages that gRPC would not carry, through the real daemon: an answer larger than
+--max_message_bytes is RESOURCE_EXHAUSTED from servex (counted so, not logged as a servicer failure), also in the
+middle of a ModelStreamInfer stream that goes on; an error message listing thousands of names is cut, so the
+client gets the real status instead of gRPC's own RESOURCE_EXHAUSTED for an oversized trailer."""
+
+from __future__ import annotations
+
+import queue
+
+import grpc
+import numpy as np
+import pytest
+import tensorflow as tf
+import tritonclient.grpc as triton
+from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+from tests.conftest import HALF_PLUS_TWO_TF1
+from tests.integration.daemon import metric
+from tests.integration.test_kserve_grpc import export_strings, infer_input
+
+LIMIT = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def daemon(start_daemon, tmp_path_factory):
+    base = tmp_path_factory.mktemp("limits")
+    export_strings(base / "strings")
+    config = base / "models.config"
+    config.write_text(
+        "model_config_list {\n"
+        f'  config {{ name: "half" base_path: "{HALF_PLUS_TWO_TF1}" model_platform: "tensorflow" }}\n'
+        f'  config {{ name: "strings" base_path: "{base / "strings"}" model_platform: "tensorflow" }}\n'
+        "}\n"
+    )
+    return start_daemon(f"--model_config_file={config}", f"--max_message_bytes={LIMIT}")
+
+
+def predict(x, **fields) -> predict_pb2.PredictRequest:
+    """A Predict of model "half" with input ``x`` (a TensorProto)."""
+    request = predict_pb2.PredictRequest(**fields)
+    request.model_spec.name = "half"
+    request.inputs["x"].CopyFrom(x)
+    return request
+
+
+def test_an_answer_over_the_limit_is_resource_exhausted_from_servex(daemon):
+    stub = prediction_service_pb2_grpc.PredictionServiceStub(daemon.channel)
+    # One value broadcast over 262,144 rows: 1 MiB decoded (within the limit), but the answer's float_val
+    # take 1 MiB and then some.
+    x = tf.make_tensor_proto([1.0], dtype=tf.float32, shape=[LIMIT // 4, 1])
+    before = metric(daemon, "servex_requests_total", method="Predict", code="RESOURCE_EXHAUSTED")
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Predict(predict(x), timeout=60)
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "the answer to Predict is " in info.value.details()
+    assert f"more than the limit of {LIMIT} bytes (--max_message_bytes)" in info.value.details()
+    assert metric(daemon, "servex_requests_total", method="Predict", code="RESOURCE_EXHAUSTED") == before + 1
+    assert "ExecuteBatchError" not in daemon.log()
+    # and the daemon answers the next caller
+    answer = stub.Predict(predict(tf.make_tensor_proto(np.array([[1.0]], np.float32))), timeout=30)
+    assert tf.make_ndarray(answer.outputs["y"]).ravel().tolist() == [2.5]
+
+
+def test_an_oversized_answer_in_a_stream_is_that_request_s_error_and_the_stream_goes_on(daemon):
+    # 200,000 one-byte strings take 1,000,000 bytes in; their upper-cased copies and lengths 1,800,000 out.
+    big = np.array([b"a"] * 200_000, dtype=object)
+    small = np.array([b"ab", b"c"], dtype=object)
+    answers: queue.Queue = queue.Queue()
+    with triton.InferenceServerClient(daemon.address) as client:
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        try:
+            for i, text in enumerate([small, big, small]):
+                client.async_stream_infer("strings", [infer_input("text", text, "BYTES")], request_id=str(i))
+            got = [answers.get(timeout=60) for _ in range(3)]
+        finally:
+            client.stop_stream()
+    (r0, e0), (r1, e1), (r2, e2) = got
+    assert e0 is None and r0.as_numpy("length").tolist() == [2, 1]
+    assert r1 is None and "RESOURCE_EXHAUSTED" in str(e1) and "the answer to ModelStreamInfer is" in str(e1)
+    assert e2 is None and r2.as_numpy("upper").tolist() == [b"AB", b"C"]
+
+
+def test_an_error_message_naming_thousands_of_outputs_is_cut_and_keeps_its_status(daemon):
+    stub = prediction_service_pb2_grpc.PredictionServiceStub(daemon.channel)
+    x = tf.make_tensor_proto(np.array([[1.0]], np.float32))
+    request = predict(x, output_filter=[f"output_{i}" for i in range(5000)])
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Predict(request, timeout=30)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # not gRPC's "metadata size exceeds" instead
+    details = info.value.details()
+    assert "output_filter names unknown output(s) ['output_0', 'output_1'" in details
+    assert details.endswith("more characters)") and len(details) < 4200
