@@ -29,6 +29,7 @@ GraphExecutor under one lease, so the signature checked is the signature run.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -62,6 +63,22 @@ class Plan:
 
 
 # -- input --------------------------------------------------------------------------------------------------
+
+
+LARGE = 2048  # examples: past this, serializing them and filling their results run off the event loop
+
+
+async def off_loop(count: int, fn, *args):
+    """``fn(*args)``, on a worker thread when ``count`` examples would hold the event loop (about 1 us each to
+    serialize, more to answer: millions of them would stall every other caller for seconds)."""
+    if count < LARGE:
+        return fn(*args)
+    return await asyncio.to_thread(fn, *args)
+
+
+def example_count(input_proto: input_pb2.Input) -> int:
+    kind = input_proto.WhichOneof("kind")
+    return len(getattr(input_proto, kind).examples) if kind else 0
 
 
 def serialized_examples(input_proto: input_pb2.Input, where: str) -> np.ndarray:
@@ -279,7 +296,8 @@ async def _single(core: ServingCore, request, method: str, api: str, check_metho
         sig = _lookup_signature(served, spec.signature_name, f"{api}Request")
         where = where_of(served.name, served.version, sig.name)
         plan = plan_task(sig, method, where, check_method_name)
-        examples = serialized_examples(request.input, f"{api}Request.input")
+        count = example_count(request.input)
+        examples = await off_loop(count, serialized_examples, request.input, f"{api}Request.input")
         values = await _run(core, lease, where, [plan], examples)
     finally:
         lease.end()
@@ -299,7 +317,7 @@ async def classify(
     served, plan, values, n, where = await _single(core, request, CLASSIFY_METHOD, "Classification", check_method_name)
     response = classification_pb2.ClassificationResponse()
     _fill_model_spec(response.model_spec, served, plan.signature.name)
-    _fill(response.result, plan, values, n, where)
+    await off_loop(n, _fill, response.result, plan, values, n, where)
     return response
 
 
@@ -310,7 +328,7 @@ async def regress(
     served, plan, values, n, where = await _single(core, request, REGRESS_METHOD, "Regression", check_method_name)
     response = regression_pb2.RegressionResponse()
     _fill_model_spec(response.model_spec, served, plan.signature.name)
-    _fill(response.result, plan, values, n, where)
+    await off_loop(n, _fill, response.result, plan, values, n, where)
     return response
 
 
@@ -367,7 +385,9 @@ async def multi_inference(
             plans.append(
                 plan_task(sig, task.method_name, where_of(served.name, served.version, sig.name), check_method_name)
             )
-        examples = serialized_examples(request.input, "MultiInferenceRequest.input")
+        examples = await off_loop(
+            example_count(request.input), serialized_examples, request.input, "MultiInferenceRequest.input"
+        )
         run_where = f"model {served.name!r} version {served.version} signatures {[p.signature.name for p in plans]}"
         by_tensor = await _run(core, lease, run_where, plans, examples)
     finally:
@@ -377,5 +397,6 @@ async def multi_inference(
         result = response.results.add()
         _fill_model_spec(result.model_spec, served, plan.signature.name)
         target = result.classification_result if plan.method == CLASSIFY_METHOD else result.regression_result
-        _fill(target, plan, by_tensor, len(examples), where_of(served.name, served.version, plan.signature.name))
+        where = where_of(served.name, served.version, plan.signature.name)
+        await off_loop(len(examples), _fill, target, plan, by_tensor, len(examples), where)
     return response

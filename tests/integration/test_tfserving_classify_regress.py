@@ -169,6 +169,15 @@ def test_multi_inference_single_task_in_the_order_given(stub):
     assert len(reply.results) == 1 and values(reply.results[0].regression_result) == [4.0]
 
 
+def test_many_examples_are_answered_through_the_worker_thread_path(stub):
+    # More than examples.LARGE: serialized and answered on a worker thread, the results still in order.
+    xs = np.arange(5000, dtype=np.float32)
+    reply = stub.Regress(regress_request(xs=xs.tolist()), timeout=60)
+    np.testing.assert_array_equal(values(reply.result), 0.5 * xs + 3)
+    reply = stub.Classify(classify_request(xs=xs.tolist()), timeout=60)
+    np.testing.assert_array_equal(scores(reply.result), (0.5 * xs + 2)[:, None])
+
+
 # -- errors -------------------------------------------------------------------------------------------------
 
 

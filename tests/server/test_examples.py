@@ -7,6 +7,7 @@ TensorFlow is the oracle for the context merge: ``tf.io.parse_example`` reads th
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import numpy as np
 import pytest
@@ -44,6 +45,18 @@ def parse(serialized: np.ndarray, *names: str) -> dict[str, list[float]]:
 
 
 # -- serialized_examples ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("count", "off"), [(examples.LARGE - 1, False), (examples.LARGE, True)])
+def test_many_examples_are_handled_off_the_event_loop(count, off):
+    # Serializing millions of examples (or filling their results) on the event loop would stall every other
+    # caller; past LARGE examples the work runs on a worker thread.
+    async def main():
+        loop_thread = threading.get_ident()
+        ran_on = await examples.off_loop(count, threading.get_ident)
+        return ran_on != loop_thread
+
+    assert asyncio.run(main()) is off
 
 
 def test_example_list_serializes_each_example():
