@@ -29,7 +29,6 @@ GraphExecutor under one lease, so the signature checked is the signature run.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -39,6 +38,7 @@ from tensorflow_serving.apis import classification_pb2, inference_pb2, input_pb2
 
 from loader.errors import InvalidArgument, ServingError, Unimplemented
 from loader.saved_model import Signature
+from server import tensors
 from server.core import DEFAULT_SIGNATURE, ServingCore
 from server.rpc import spec_version
 from server.tensors import dtype_name
@@ -71,9 +71,7 @@ LARGE = 2048  # examples: past this, serializing them and filling their results 
 async def off_loop(count: int, fn, *args):
     """``fn(*args)``, on a worker thread when ``count`` examples would hold the event loop (about 1 us each to
     serialize, more to answer: millions of them would stall every other caller for seconds)."""
-    if count < LARGE:
-        return fn(*args)
-    return await asyncio.to_thread(fn, *args)
+    return await tensors.off_loop(count, fn, *args, threshold=LARGE)
 
 
 def example_count(input_proto: input_pb2.Input) -> int:

@@ -34,7 +34,8 @@ class GraphExecutorService(graph_executor_pb2_grpc.GraphExecutorServicer):
         name, version, label = model_ref(request.model)
         if request.priority:
             REQUEST.get().priority = checked_priority(request.priority, "RunRequest.priority")
-        feeds = {name: tensors.to_ndarray(proto, name, self.max_tensor_bytes) for name, proto in request.feeds.items()}
+        typed = sum(tensors.typed_elements(proto) for proto in request.feeds.values())
+        feeds = await tensors.off_loop(typed, _decode, request.feeds, self.max_tensor_bytes)
         result = await self.core.run_graph(
             name,
             version,
@@ -47,6 +48,15 @@ class GraphExecutorService(graph_executor_pb2_grpc.GraphExecutorServicer):
         response = graph_executor_pb2.RunResponse(client_graph_key=result.client_graph_key)
         response.model.name = result.model_name
         response.model.version = result.version
-        for value in result.outputs:
-            tensors.fill_proto(response.outputs.add(), value, request.tensor_content_outputs)
+        raw = request.tensor_content_outputs
+        await tensors.off_loop(tensors.output_elements(result.outputs, raw), _encode, response, result.outputs, raw)
         return response
+
+
+def _decode(protos, limit: int | None) -> dict:
+    return {name: tensors.to_ndarray(proto, name, limit) for name, proto in protos.items()}
+
+
+def _encode(response: graph_executor_pb2.RunResponse, outputs, tensor_content: bool) -> None:
+    for value in outputs:
+        tensors.fill_proto(response.outputs.add(), value, tensor_content)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from importlib import metadata
 
@@ -25,7 +26,7 @@ from loader.errors import FailedPrecondition, InvalidArgument, NotFound, Serving
 from loader.manager import AVAILABLE, LOADING, UNLOADING
 from protos.inference import grpc_service_pb2 as pb
 from protos.inference import grpc_service_pb2_grpc as pb_grpc
-from server import v2_config, v2_stats, v2_types
+from server import tensors, v2_config, v2_stats, v2_types
 from server.core import REQUEST, RequestInfo, ServingCore, checked_priority
 from server.rpc import check_answer_size, record, request_info, rpc
 from server.shared_memory import NO_CUDA_MEMORY
@@ -130,7 +131,12 @@ class KServeService(pb_grpc.GRPCInferenceServiceServicer):
             info.priority = checked_priority(value, "parameter 'priority'")
         started = time.perf_counter()
         shared = self.core.shared_memory
-        inputs, raw = v2_types.decode_infer_inputs(request.inputs, request.raw_input_contents, shared)
+        decode = v2_types.decode_infer_inputs
+        if request.raw_input_contents:  # arrays over the request's bytes (BYTES aside): nothing to hand off
+            inputs, raw = decode(request.inputs, request.raw_input_contents, shared)
+        else:  # typed contents (or shared memory): large ones decode off the event loop
+            typed = sum(math.prod(tensor.shape) for tensor in request.inputs)
+            inputs, raw = await tensors.off_loop(typed, decode, request.inputs, request.raw_input_contents, shared)
         info.compute_input = time.perf_counter() - started
         requested, classes, places = [], {}, {}
         for out in request.outputs:
@@ -144,7 +150,12 @@ class KServeService(pb_grpc.GRPCInferenceServiceServicer):
         started = time.perf_counter()
         response = pb.ModelInferResponse(model_name=result.model_name, model_version=str(result.version))
         response.id = request.id
-        v2_types.fill_infer_outputs(response, v2_types.classified(result.outputs, classes), raw, shared, places)
+        outputs = v2_types.classified(result.outputs, classes)
+        if raw and all(array.dtype.kind != "O" for array in outputs.values()):  # one copy of each array's bytes
+            v2_types.fill_infer_outputs(response, outputs, raw, shared, places)
+        else:  # typed values or strings, element by element: large ones encode off the event loop
+            elements = sum(array.size for array in outputs.values())
+            await tensors.off_loop(elements, v2_types.fill_infer_outputs, response, outputs, raw, shared, places)
         info.compute_output = time.perf_counter() - started
         return response
 

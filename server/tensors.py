@@ -11,6 +11,7 @@ read ``float_val`` directly expect; ``tensor_content`` when asked for (smaller a
 
 from __future__ import annotations
 
+import asyncio
 import math
 
 import ml_dtypes
@@ -47,6 +48,30 @@ _MAX_BYTES = 2**63 - 1  # NumPy indexes bytes with int64: even a zero-size shape
 # tensor costs once fed, counted against --max_message_bytes when a few values are broadcast over a shape.
 STRING_ELEMENT_BYTES = 32
 OUTPUT_CHUNK = 1 << 20  # output elements turned into Python values at a time when writing typed fields
+# Typed values (not raw bytes) past this many elements in a request or an answer are decoded or encoded on a
+# worker thread: ~20-50 ns each, a large one would hold the event loop, and every other caller, for seconds.
+OFF_LOOP_ELEMENTS = 1 << 16
+
+
+async def off_loop(elements: int, fn, *args, threshold: int = OFF_LOOP_ELEMENTS):
+    """``fn(*args)``: inline for small work, on a worker thread (``asyncio.to_thread``, which keeps the call's
+    context) when ``elements`` reach ``threshold``."""
+    if elements < threshold:
+        return fn(*args)
+    return await asyncio.to_thread(fn, *args)
+
+
+def typed_elements(proto: tensor_pb2.TensorProto) -> int:
+    """How many elements a request tensor carries in typed fields (0 for ``tensor_content``, read in place)."""
+    if proto.tensor_content:
+        return 0
+    return math.prod(d.size for d in proto.tensor_shape.dim) if proto.tensor_shape.dim else 1
+
+
+def output_elements(arrays, tensor_content: bool = False) -> int:
+    """How many elements encoding ``arrays`` turns into Python values (strings always; numbers unless written
+    as ``tensor_content``)."""
+    return sum(a.size for a in arrays if not tensor_content or a.dtype.kind in "OSU")
 
 
 def dtype_name(dtype: np.dtype) -> str:

@@ -8,6 +8,9 @@ test's own idea of which field carries which dtype is not taken on trust.
 
 from __future__ import annotations
 
+import asyncio
+import threading
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -590,6 +593,25 @@ def test_large_typed_output_is_written_in_chunks(monkeypatch):
     proto = tensors.from_ndarray(values)
     assert len(proto.float_val) == 100
     np.testing.assert_array_equal(tf.make_ndarray(proto), values)
+
+
+def test_typed_and_output_elements_count_what_encoding_walks():
+    assert tensors.typed_elements(tf.make_tensor_proto(np.zeros((3, 4), np.float32))) == 0  # tensor_content
+    assert tensors.typed_elements(_shaped(types_pb2.DT_FLOAT, [3, 4], float_val=[1.0])) == 12
+    assert tensors.typed_elements(_shaped(types_pb2.DT_FLOAT, [], float_val=[1.0])) == 1
+    arrays = [np.zeros((2, 5), np.float32), np.array([b"a", b"b"], dtype=object)]
+    assert tensors.output_elements(arrays) == 12
+    assert tensors.output_elements(arrays, tensor_content=True) == 2  # numbers go as bytes; strings never do
+
+
+@pytest.mark.parametrize(
+    ("elements", "off"), [(tensors.OFF_LOOP_ELEMENTS - 1, False), (tensors.OFF_LOOP_ELEMENTS, True)]
+)
+def test_large_work_runs_off_the_event_loop(elements, off):
+    async def main():
+        return await tensors.off_loop(elements, threading.get_ident) != threading.get_ident()
+
+    assert asyncio.run(main()) is off
 
 
 def test_error_odd_number_of_complex_components():

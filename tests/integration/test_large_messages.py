@@ -1,4 +1,6 @@
-"""Answers and error messages that gRPC would not carry, through the real daemon: an answer larger than
+"""Large requests and answers through the real daemon. Typed values past tensors.OFF_LOOP_ELEMENTS decode and
+encode on a worker thread (TensorFlow Serving's Predict, KServe v2 typed contents, servex.v1 Run) and come back
+exact. Answers and error messages that gRPC would not carry: an answer larger than
 --max_message_bytes is RESOURCE_EXHAUSTED from servex (counted so, not logged as a servicer failure), also in the
 middle of a ModelStreamInfer stream that goes on; an error message listing thousands of names is cut, so the
 client gets the real status instead of gRPC's own RESOURCE_EXHAUSTED for an oversized trailer."""
@@ -13,6 +15,7 @@ import pytest
 import tensorflow as tf
 import tritonclient.grpc as triton
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from tests.conftest import HALF_PLUS_TWO_TF1
 from tests.integration.daemon import metric
@@ -90,3 +93,20 @@ def test_an_error_message_naming_thousands_of_outputs_is_cut_and_keeps_its_statu
     details = info.value.details()
     assert "output_filter names unknown output(s) ['output_0', 'output_1'" in details
     assert details.endswith("more characters)") and len(details) < 4200
+
+
+def test_large_typed_requests_and_answers_round_trip(daemon):
+    x = np.arange(200_000, dtype=np.float32).reshape(-1, 1)  # past OFF_LOOP_ELEMENTS both ways
+    stub = prediction_service_pb2_grpc.PredictionServiceStub(daemon.channel)
+    request = predict(tf.make_tensor_proto(x))
+    request.inputs["x"].ClearField("tensor_content")
+    request.inputs["x"].float_val.extend(x.ravel().tolist())  # typed values, as some clients send
+    answer = stub.Predict(request, timeout=60)
+    np.testing.assert_array_equal(tf.make_ndarray(answer.outputs["y"]), 0.5 * x + 2)
+    assert len(answer.outputs["y"].float_val) == x.size  # answered in typed values, every one
+    request = service_pb2.ModelInferRequest(model_name="half")
+    tensor = request.inputs.add(name="x", datatype="FP32", shape=list(x.shape))
+    tensor.contents.fp32_contents.extend(x.ravel().tolist())
+    reply = service_pb2_grpc.GRPCInferenceServiceStub(daemon.channel).ModelInfer(request, timeout=60)
+    assert not reply.raw_output_contents  # typed in, typed out
+    np.testing.assert_array_equal(np.array(reply.outputs[0].contents.fp32_contents), (0.5 * x + 2).ravel())
