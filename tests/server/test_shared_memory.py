@@ -1,7 +1,11 @@
 """server/shared_memory.py: regions over real files (a folder standing in for /dev/shm), checked ranges, and
-arrays read from a region that outlive its registration."""
+arrays read from a region that outlive its registration; memory that shrinks under a region, links and odd keys
+refused, and files closed when regions go."""
 
 from __future__ import annotations
+
+import os
+import re
 
 import numpy as np
 import pytest
@@ -43,12 +47,14 @@ def test_an_array_read_from_a_region_outlives_its_registration(registry):
         ("r", "/../mem", 0, 8, InvalidArgument, "is not a POSIX shared memory name"),
         ("r", "/a/b", 0, 8, InvalidArgument, "is not a POSIX shared memory name"),
         ("r", "/", 0, 8, InvalidArgument, "is not a POSIX shared memory name"),
+        ("r", "/a\x00b", 0, 8, InvalidArgument, "key '/a\\x00b' is not a POSIX shared memory name"),
+        ("r", "/\ud800", 0, 8, InvalidArgument, "key '/\\ud800' is not a POSIX shared memory name"),
         ("r", "/mem", 60, 8, InvalidArgument, "offset 60 + byte_size 8 runs past the end of shared memory"),
         ("r", "/mem", 0, 0, InvalidArgument, "a byte_size of 1 or more"),
     ],
 )  # fmt: skip
 def test_bad_registrations_are_refused_naming_what_was_wrong(registry, name, key, offset, size, error, words):
-    with pytest.raises(error, match=words.replace("(", r"\(").replace("+", r"\+")):
+    with pytest.raises(error, match=re.escape(words)):
         registry.register(name, key, offset, size)
     assert registry.status() == []
 
@@ -66,3 +72,70 @@ def test_a_name_registers_once_and_ranges_stay_inside_their_region(registry):
     registry.register("s", "/mem", 0, 4)
     registry.unregister()  # every region
     assert registry.status() == []
+
+
+def test_memory_that_shrinks_after_registration_is_refused_and_never_touched(registry, tmp_path):
+    registry.register("r", "/mem", 16, 32)
+    array = np.frombuffer(registry.read("r", 0, 32, "x"), np.float32)  # read before the memory shrinks
+    os.truncate(tmp_path / "mem", 20)  # the client shrinks its object: 4 bytes of the region are left
+    assert array.tolist() == [4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0]  # a copy: still readable (no SIGBUS)
+    shrunk = r"region 'r' is registered as bytes \[16, 48\) of shared memory '/mem', but that memory now holds only 20"
+    with pytest.raises(InvalidArgument, match="input 'x': shared memory " + shrunk):
+        registry.read("r", 0, 8, "x")
+    with pytest.raises(InvalidArgument, match="output 'y': shared memory " + shrunk):
+        registry.write("r", 4, b"\1" * 8, 8, "y")
+    assert (tmp_path / "mem").stat().st_size == 20  # the refused write did not grow the file
+    assert np.frombuffer(registry.read("r", 0, 4, "x"), np.float32).tolist() == [4.0]  # what is left still works
+    registry.write("r", 0, np.array([-1.0], np.float32).tobytes(), 4, "y")
+    assert np.frombuffer((tmp_path / "mem").read_bytes(), np.float32)[4] == -1.0
+    os.truncate(tmp_path / "mem", 0)
+    with pytest.raises(InvalidArgument, match="now holds only 0 bytes"):
+        registry.read("r", 0, 4, "x")
+
+
+def test_links_and_files_that_are_not_regular_are_refused(registry, tmp_path):
+    outside = tmp_path.parent / f"{tmp_path.name}-victim"
+    outside.write_bytes(b"\1" * 64)  # a file the servex user can write, outside the shared memory directory
+    (tmp_path / "link").symlink_to(outside)
+    (tmp_path / "dangling").symlink_to(tmp_path / "nothing")
+    (tmp_path / "inside").symlink_to(tmp_path / "mem")  # even a link to a shared memory object
+    os.mkfifo(tmp_path / "fifo")
+    for key in ("/link", "/dangling", "inside"):
+        with pytest.raises(InvalidArgument, match=f"shared memory key '{key}' is a symbolic link"):
+            registry.register("r", key, 0, 8)
+    with pytest.raises(InvalidArgument, match="shared memory key '/fifo' is not a regular file"):
+        registry.register("r", "/fifo", 0, 8)
+    assert registry.status() == []
+    assert outside.read_bytes() == b"\1" * 64
+
+
+def test_negative_offsets_and_sizes_in_a_request_are_named_as_such(registry):
+    registry.register("r", "/mem", 0, 16)
+    with pytest.raises(InvalidArgument, match="input 'x': shared_memory_offset -4 is negative"):
+        registry.read("r", -4, 8, "x")
+    with pytest.raises(InvalidArgument, match="output 'y': shared_memory_offset -4 is negative"):
+        registry.write("r", -4, b"\0" * 4, 4, "y")
+    with pytest.raises(InvalidArgument, match="input 'x': shared_memory_byte_size -8 is negative"):
+        registry.read("r", 0, -8, "x")
+
+
+def open_files() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+def test_a_region_keeps_its_file_open_until_it_is_unregistered(registry, tmp_path):
+    before = open_files()
+    registry.register("r", "/mem", 0, 64)
+    registry.register("s", "/mem", 0, 8)
+    assert len(open_files() - before) == 2
+    (tmp_path / "mem").unlink()  # the object's name goes (shm_unlink); the registered memory stays
+    assert np.frombuffer(registry.read("r", 60, 4, "x"), np.float32).tolist() == [15.0]
+    registry.unregister("r")
+    assert len(open_files() - before) == 1
+    registry.unregister()
+    (tmp_path / "mem").write_bytes(b"\0" * 8)
+    os.mkfifo(tmp_path / "fifo")
+    for key, size in (("/mem", 16), ("/fifo", 1)):  # refused after the file was opened
+        with pytest.raises(InvalidArgument):
+            registry.register("r", key, 0, size)
+    assert open_files() == before
