@@ -22,9 +22,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.core.framework import types_pb2
 from tensorflow.core.protobuf import config_pb2
 
 from executor.metrics import CacheMetrics
+from executor.op_policy import OpPolicy, walk
 from loader.errors import InvalidArgument, ServingError, error_with_code
 from loader.saved_model import SavedModelVersion, shape_matches, shape_text
 from loader.variables import PREPARE_POOL
@@ -33,6 +35,8 @@ from transfer import H2DTransferExecutorFactory, make_factory
 log = logging.getLogger(__name__)
 
 VARIABLE_OPS = frozenset({"VariableV2", "Variable", "VarHandleOp"})
+# Handles, not values: a session can neither take them as feeds nor answer them as NumPy arrays.
+_HANDLE_DTYPES = frozenset({tf.resource, tf.variant})
 # A memo from the caller's (unsorted) name tuples to the sorted key; bounded so odd callers cannot grow it.
 _MAX_PLANS = 4096
 
@@ -76,8 +80,19 @@ class LoadedClientGraph:
     variables_ready: bool = False  # every variable it reads is on the device
 
     def run(self, sorted_feeds: Sequence[np.ndarray]) -> list[np.ndarray]:
-        """Run with feed values in ``feeds`` order; returns fetches in ``fetch_names`` order."""
-        return self._callable(*sorted_feeds)
+        """Run with feed values in ``feeds`` order; returns fetches in ``fetch_names`` order, each an ndarray."""
+        try:
+            results = self._callable(*sorted_feeds)
+        except UnicodeDecodeError as e:
+            # TensorFlow's error message quoted bytes that are not UTF-8 (ParseExample quoting a client's
+            # serialized example, RestoreV2 a file name), and turning it into a Python string failed before any
+            # OpError was raised: its status code is lost, but the message is the client's input's doing.
+            raise _undecodable_error(self.key, e) from e
+        for i, value in enumerate(results):
+            # The session answers a 0-d fetch as a scalar: bytes for DT_STRING, a NumPy scalar otherwise.
+            if not isinstance(value, np.ndarray):
+                results[i] = np.asarray(value, dtype=object if isinstance(value, bytes) else None)
+        return results
 
 
 @dataclass(frozen=True)
@@ -88,6 +103,18 @@ class _Plan:
     key: Key
     feed_order: tuple[int, ...]  # caller's feed positions, in the graph's sorted feed order
     fetch_index: tuple[int, ...]  # for each caller fetch, its position in the graph's sorted fetches
+
+
+def _undecodable_error(key: str, error: UnicodeDecodeError) -> InvalidArgument:
+    """TensorFlow's error, as far as its message could be read: TensorFlow hands Python the message only up to
+    the first byte that is not UTF-8, and raises UnicodeDecodeError instead of the OpError."""
+    raw = bytes(error.object) if isinstance(error.object, bytes | bytearray) else b""
+    text = raw.decode("utf-8", errors="replace")
+    cut = error.end >= len(raw)
+    return InvalidArgument(
+        f"running {key!r} failed: TensorFlow's error, whose message holds bytes that are not UTF-8 (shown as "
+        f"U+FFFD{'; it is cut there, as TensorFlow hands it over' if cut else ''}): {text}{'...' if cut else ''}"
+    )
 
 
 def _check_feed(spec: FeedSpec, value: np.ndarray) -> None:
@@ -131,6 +158,7 @@ class GraphExecutor:
         self._plans: dict[tuple, _Plan] = {}
         self._unpinned = 0
         self._tensor_names: list[str] | None = None
+        self._policy: OpPolicy | None = None  # which state-changing ops client graphs may run; on first build
         self.builds = 0
         self.evictions = 0
 
@@ -225,6 +253,23 @@ class GraphExecutor:
         feed_tensors = [self._tensor(n, "feed") for n in feeds]
         fetch_tensors = [self._tensor(n, "fetch") for n in fetch_names]
         target_ops = [self._operation(n) for n in target_names]
+        for t in feed_tensors:
+            if t.dtype.base_dtype in _HANDLE_DTYPES:
+                raise InvalidArgument(
+                    f"cannot feed {t.name!r}: it is a {_dtype_name(t.dtype)} tensor (a handle to a variable or "
+                    f"other resource, or an opaque variant); resource and variant tensors cannot be fed"
+                )
+        for t in fetch_tensors:
+            if t.dtype.base_dtype in _HANDLE_DTYPES:
+                raise InvalidArgument(
+                    f"cannot fetch {t.name!r}: it is a {_dtype_name(t.dtype)} tensor (a handle to a variable or "
+                    f"other resource, or an opaque variant), which has no value to send back; fetch a tensor "
+                    f"that reads it instead"
+                )
+        # The ops the pruned graph runs: state-changing ones only as the model's signatures run them.
+        fed = frozenset(t.name for t in feed_tensors)
+        ops = walk([t.op for t in fetch_tensors] + target_ops, fed)
+        self._op_policy().check(ops, fed)
         printed = client_graph_key(*key)
         options = config_pb2.CallableOptions(feed=[t.name for t in feed_tensors], fetch=list(fetch_names))
         options.target.extend(target_names)
@@ -244,13 +289,21 @@ class GraphExecutor:
             )
             for t in feed_tensors
         )
-        variables = _variables_read(fetch_tensors, target_ops, feed_tensors)
+        variables = frozenset(op.name for op in ops if op.type in VARIABLE_OPS)
         seconds = time.perf_counter() - start
         self.builds += 1
         self._metrics.builds.inc()
         self._metrics.build_seconds.observe(seconds)
         log.debug("built client graph %s in %.3fs (reads %d variables)", printed, seconds, len(variables))
         return LoadedClientGraph(printed, key, specs, fetch_names, target_names, variables, seconds, pin, fn)
+
+    def _op_policy(self) -> OpPolicy:
+        """The model's OpPolicy, made once (two first builds at once may both make it: the same, harmless)."""
+        policy = self._policy
+        if policy is None:
+            model = self.model
+            policy = self._policy = OpPolicy(model.graph, model.meta_graph.graph_def.library, model.signatures)
+        return policy
 
     def _tensor(self, name: str, role: str):
         try:
@@ -293,7 +346,9 @@ class GraphExecutor:
 
         ``graph_name`` names the client graph explicitly (its cache entry is found by that name, and the name
         must keep meaning the same names); ``pin`` keeps the graph out of eviction. Raises InvalidArgument for
-        unknown names and for inputs whose dtype or shape the graph rejects.
+        unknown names, resource or variant feeds and fetches, and inputs whose dtype or shape the graph rejects;
+        PermissionDenied for a graph that would run a state-changing or file op other than as a signature runs it
+        (``executor/op_policy.py``). The outputs are ndarrays, 0-d ones included.
         """
         names = tuple(inputs)
         plan_key = (graph_name, names, tuple(fetches), tuple(targets))
@@ -379,18 +434,5 @@ class GraphExecutor:
         self.model.close()
 
 
-def _variables_read(fetch_tensors, target_ops, feed_tensors) -> frozenset[str]:
-    """Names of the variable ops reachable from the fetches and targets without crossing a feed."""
-    fed = {t.name for t in feed_tensors}
-    seen, found = set(), set()
-    stack = [t.op for t in fetch_tensors] + list(target_ops)
-    while stack:
-        op = stack.pop()
-        if op.name in seen:
-            continue
-        seen.add(op.name)
-        if op.type in VARIABLE_OPS:
-            found.add(op.name)
-        stack.extend(t.op for t in op.inputs if t.name not in fed)
-        stack.extend(op.control_inputs)
-    return frozenset(found)
+def _dtype_name(dtype) -> str:
+    return types_pb2.DataType.Name(dtype.base_dtype.as_datatype_enum)

@@ -120,7 +120,7 @@ QUEUE_DEPTH = Gauge(
     "servex_queue_depth", "Runs waiting in the RunHandler's queue, per model", ["model"], multiprocess_mode="livesum"
 )
 DEADLINE_EXCEEDED = Counter(
-    "servex_deadline_exceeded", "Requests whose deadline passed while queued (never run)", RUN_LABELS
+    "servex_deadline_exceeded", "Requests whose deadline passed before their run started (never run)", RUN_LABELS
 )
 REJECTED = Counter("servex_queue_rejected", "Requests refused because the model's queue was full", RUN_LABELS)
 

@@ -8,14 +8,15 @@ Scheduling (the ticket says priority, deadline, model and metric labels):
   order. Waiting work ages: its effective priority grows by one every ``aging_seconds``, so a request of
   priority p waiting behind a steady stream of priority q > p runs after at most (q - p) * aging_seconds plus
   one run (plus, while paced, the loop's catch-up: paced work without credit lets unpaced work go first).
-- **Deadlines**: a request whose deadline passed while queued is answered DEADLINE_EXCEEDED and never runs; a
-  cancelled one (its caller went away) is dropped.
+- **Deadlines**: a request whose deadline passed while queued is answered DEADLINE_EXCEEDED and never runs; one
+  whose deadline had passed before it was submitted (spent receiving and decoding it) is answered so at once,
+  never queued; a cancelled one (its caller went away) is dropped.
 - **Bound**: at most ``max_queued_per_model`` requests of one model wait; beyond it, RESOURCE_EXHAUSTED at once.
 - **Batching** (``submit_batchable``): a free worker takes the highest-priority request and, from the same
   priority, every queued request of the same client graph whose inputs agree on all but the 0th dimension, up to
   ``max_batch_size`` rows; they run as one (padded up to the next allowed batch size) and each caller gets
   exactly its own rows back. A free worker never waits for a batch to fill: batching costs nothing at low load,
-  and under load batches form from what queues while the workers are busy.
+  and under load batches form from what queues while the workers are busy. A request of 0 rows runs alone.
 - **Pacing** (``lower_priority_burst``): while requests of a higher priority arrive (one in the last second),
   the workers take lower-priority requests at most that many at a time (a burst), and the next burst only once
   the event loop has worked through the last one's answers: a probe put into the loop's queue behind them, as
@@ -202,7 +203,8 @@ class RunHandler:
         if batching is None or not values or any(v.ndim == 0 for v in values):
             return self._enqueue(executor.run, (feeds, fetches, (), "", pin), ticket, None, {})
         rows = values[0].shape[0]
-        if any(v.shape[0] != rows for v in values) or rows > batching.max_batch_size:
+        # No rows: nothing to batch, and nothing to pad with (its answer is its own, empty, run).
+        if rows == 0 or any(v.shape[0] != rows for v in values) or rows > batching.max_batch_size:
             return self._enqueue(executor.run, (feeds, fetches, (), "", pin), ticket, None, {})
         key = (id(executor), tuple(feeds), fetches, pin, tuple((v.dtype, v.shape[1:]) for v in values))
         if key in self._unbatchable:
@@ -225,6 +227,13 @@ class RunHandler:
             outbox = self._outboxes.setdefault(loop, _Outbox(loop))
         future = loop.create_future()
         metrics = self._metrics_for(ticket)
+        late = time.monotonic() - ticket.deadline if ticket.deadline is not None else -1.0
+        if late > 0:  # it went by while the call was received, decoded and prepared: never queued
+            metrics.deadline_exceeded.inc()
+            raise DeadlineExceeded(
+                f"the deadline had passed {late:.3f}s before the request reached the run queue (the time went into "
+                f"receiving, decoding and preparing it); the run did not happen"
+            )
         with self._cond:
             if self._stopping:
                 raise RuntimeError("RunHandler is closed")
@@ -415,8 +424,10 @@ class RunHandler:
         if expired:
             self._metrics_for(item.ticket).deadline_exceeded.inc()
             if not item.future.cancelled():
+                left = item.ticket.deadline - item.enqueued
                 error = DeadlineExceeded(
-                    f"the deadline passed after {now - item.enqueued:.3f}s in the queue; the run did not happen"
+                    f"the deadline passed while the request waited in the run queue: queued {now - item.enqueued:.3f}s "
+                    f"with {left:.3f}s left when it was queued; the run did not happen"
                 )
                 item.outbox.put(item.future, False, error)
         self._finished(item)
@@ -484,7 +495,7 @@ class RunHandler:
             return
         feeds = {}
         for name in first.feeds:
-            parts = [item.feeds[name] for item in batch]
+            parts = [item.feeds[name] for item in batch]  # each has rows: zero-row requests never batch
             if size > total:  # pad with copies of the last row, as TensorFlow Serving pads
                 parts.append(np.repeat(parts[-1][-1:], size - total, axis=0))
             feeds[name] = parts[0] if len(parts) == 1 else np.concatenate(parts)

@@ -5,7 +5,7 @@ layout of numbered version folders under a model's base path, the ModelManager t
 and the ServingError types every layer raises. It imports neither `server/` nor `executor/`.
 """
 
-from loader.errors import InvalidArgument, LoadError, NotFound, ServingError
+from loader.errors import InvalidArgument, LoadError, NotFound, PermissionDenied, ServingError
 from loader.manager import ModelManager, ServedVersion
 from loader.saved_model import SavedModelVersion, Signature, TensorSpec, load_saved_model
 from loader.versions import latest_version, list_versions
@@ -15,6 +15,7 @@ __all__ = [
     "LoadError",
     "ModelManager",
     "NotFound",
+    "PermissionDenied",
     "SavedModelVersion",
     "ServedVersion",
     "ServingError",

@@ -62,6 +62,12 @@ class FailedPrecondition(ServingError):
     code = "FAILED_PRECONDITION"
 
 
+class PermissionDenied(ServingError):
+    """The caller may not do this here (e.g. run a state-changing op by tensor name on the public port)."""
+
+    code = "PERMISSION_DENIED"
+
+
 class ResourceExhausted(ServingError):
     code = "RESOURCE_EXHAUSTED"
 

@@ -69,19 +69,25 @@ def sum_diff(tmp_path_factory):
 
 
 def export_dashed_targets(path: Path) -> Path:
-    """TF1 export: variable v and four assign-add ops whose names contain '-' (legal in TensorFlow op names)."""
+    """TF1 export: variable v and four assign-add ops whose names contain '-' (legal in TensorFlow op names),
+    each the output of a signature of its own (ops that assign run by name only as a signature runs them)."""
     graph = tf.Graph()
     with graph.as_default(), tf.compat.v1.Session(graph=graph) as sess:
         v = tf.compat.v1.Variable(0.0, name="v", use_resource=False)
-        for name, step in (("p", 1.0), ("q-r", 10.0), ("p-q", 100.0), ("r", 1000.0)):
-            tf.compat.v1.assign_add(v, step, name=name)
-        sess.run(tf.compat.v1.global_variables_initializer())
         info = tf.compat.v1.saved_model.build_tensor_info
-        sig = tf.compat.v1.saved_model.build_signature_def(
-            outputs={"v": info(tf.identity(v, name="v_value"))}, method_name="tensorflow/serving/predict"
+        predict = "tensorflow/serving/predict"
+        signatures = {}
+        for name, step in (("p", 1.0), ("q-r", 10.0), ("p-q", 100.0), ("r", 1000.0)):
+            added = tf.compat.v1.assign_add(v, step, name=name)
+            signatures[f"add_{name}"] = tf.compat.v1.saved_model.build_signature_def(
+                outputs={"v": info(added)}, method_name=predict
+            )
+        sess.run(tf.compat.v1.global_variables_initializer())
+        signatures["get"] = tf.compat.v1.saved_model.build_signature_def(
+            outputs={"v": info(tf.identity(v, name="v_value"))}, method_name=predict
         )
         builder = tf.compat.v1.saved_model.Builder(str(path))
-        builder.add_meta_graph_and_variables(sess, ["serve"], signature_def_map={"get": sig})
+        builder.add_meta_graph_and_variables(sess, ["serve"], signature_def_map=signatures)
         builder.save()
     return path
 
@@ -525,3 +531,107 @@ def test_hits_and_evictions_from_many_threads_keep_the_cache_consistent(half):
     assert errors == [None] * 6
     assert len(executor.cached_keys()) <= 2
     assert executor.evictions > 0
+
+
+# -- what the session answers: always ndarrays ----------------------------------------------------------------
+
+
+class _ScalarString(tf.Module):
+    @tf.function(input_signature=[tf.TensorSpec([], tf.string, name="s")])
+    def echo(self, s):
+        return {"out": s, "length": tf.strings.length(s)}
+
+
+@pytest.fixture(scope="module")
+def scalar_string(tmp_path_factory):
+    """A TF2 export whose signature takes and answers 0-d tensors: a DT_STRING and an int32."""
+    path = tmp_path_factory.mktemp("scalar_string") / "1"
+    module = _ScalarString()
+    tf.saved_model.save(module, str(path), signatures={"serving_default": module.echo})
+    model = load_saved_model(str(path))
+    yield model
+    model.close()
+
+
+def test_a_signature_s_scalar_string_output_comes_back_as_an_ndarray(scalar_string):
+    sig = scalar_string.signatures["serving_default"]
+    executor = GraphExecutor(scalar_string)
+    fetches = [sig.outputs["out"].name, sig.outputs["length"].name]
+    out, length = executor.run({sig.inputs["s"].name: np.array(b"hi", dtype=object)}, fetches)
+    assert isinstance(out, np.ndarray) and out.dtype == object and out.shape == () and out.item() == b"hi"
+    assert isinstance(length, np.ndarray) and length.dtype == np.int32 and length.shape == () and length == 2
+
+
+def test_scalar_fetches_by_name_come_back_as_ndarrays(half):
+    executor = GraphExecutor(half)
+    name, a = executor.run({}, ["save/Const:0", "a:0"])  # a 0-d DT_STRING constant and a 0-d float variable
+    assert isinstance(name, np.ndarray) and name.dtype == object and name.shape == () and name.item() == b"model"
+    assert isinstance(a, np.ndarray) and a.dtype == np.float32 and a.shape == () and a == 0.5
+    (y,) = executor.run({"x:0": X}, ["y:0"])  # arrays pass through untouched
+    np.testing.assert_array_equal(y, Y)
+
+
+# -- TensorFlow errors whose message is not UTF-8 -------------------------------------------------------------
+
+
+def test_a_tensorflow_error_quoting_bytes_that_are_not_utf8_is_invalid_argument(half):
+    # ParseExample quotes the client's bytes; TensorFlow then fails to make a Python string of its own message.
+    sig = half.signatures["classify_x_to_y"]
+    executor = GraphExecutor(half)
+    examples = np.array([b"\xff\x00garbage", b"\xff\x00garbage"], dtype=object)
+    with pytest.raises(ServingError) as info:
+        executor.run({sig.inputs["inputs"].name: examples}, list(sig.output_names))
+    assert info.value.code == "INVALID_ARGUMENT"
+    assert "TensorFlow's error" in info.value.message
+    assert "Could not parse example input" in info.value.message
+    assert "\ufffd" in info.value.message
+    (y,) = executor.run({"x:0": X}, ["y:0"])  # still serving
+    np.testing.assert_array_equal(y, Y)
+
+
+# -- handles cannot be fed or fetched -------------------------------------------------------------------------
+
+
+def export_variant(path: Path) -> Path:
+    """TF1 export with a DT_VARIANT tensor in its graph: x -> TensorList 'lst' -> y (stacked back)."""
+    graph = tf.Graph()
+    with graph.as_default(), tf.compat.v1.Session(graph=graph) as sess:
+        x = tf.compat.v1.placeholder(tf.float32, [None, 1], name="x")
+        lst = tf.raw_ops.TensorListFromTensor(tensor=x, element_shape=tf.constant([1]), name="lst")
+        y = tf.raw_ops.TensorListStack(input_handle=lst, element_shape=tf.constant([1]), element_dtype=tf.float32)
+        y = tf.identity(y, name="y")
+        info = tf.compat.v1.saved_model.build_tensor_info
+        sig = tf.compat.v1.saved_model.build_signature_def(
+            inputs={"x": info(x)}, outputs={"y": info(y)}, method_name="tensorflow/serving/predict"
+        )
+        builder = tf.compat.v1.saved_model.Builder(str(path))
+        builder.add_meta_graph_and_variables(sess, ["serve"], signature_def_map={"serving_default": sig})
+        builder.save()
+    return path
+
+
+def test_a_resource_tensor_can_be_neither_fed_nor_fetched(half_tf2):
+    executor = GraphExecutor(half_tf2)
+    with pytest.raises(InvalidArgument) as info:
+        executor.run({"a:0": np.array(b"x", dtype=object)}, ["a/Read/ReadVariableOp:0"])
+    for fragment in ("cannot feed 'a:0'", "DT_RESOURCE", "cannot be fed"):
+        assert fragment in info.value.message
+    with pytest.raises(InvalidArgument) as info:
+        executor.run({}, ["a:0"])
+    for fragment in ("cannot fetch 'a:0'", "DT_RESOURCE"):
+        assert fragment in info.value.message
+    assert executor.run({}, ["a/Read/ReadVariableOp:0"])[0] == 0.5
+    assert executor.builds == 1
+
+
+def test_a_variant_tensor_can_be_neither_fed_nor_fetched(tmp_path):
+    model = load_saved_model(str(export_variant(tmp_path / "1")))
+    try:
+        executor = GraphExecutor(model)
+        np.testing.assert_array_equal(executor.run({"x:0": X}, ["y:0"])[0], X)
+        with pytest.raises(InvalidArgument, match=r"cannot feed 'lst:0'.*DT_VARIANT.*cannot be fed"):
+            executor.run({"lst:0": np.zeros((), np.float32)}, ["y:0"])
+        with pytest.raises(InvalidArgument, match=r"cannot fetch 'lst:0'.*DT_VARIANT"):
+            executor.run({"x:0": X}, ["lst:0"])
+    finally:
+        model.close()

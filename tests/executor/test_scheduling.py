@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 import time
 
 import numpy as np
 import pytest
+from prometheus_client import REGISTRY
 
+from executor import GraphExecutor
 from executor.run_handler import BatchingOptions, DeadlineExceeded, RunHandler, Ticket
+from loader import load_saved_model
 from loader.errors import ResourceExhausted
+from tests.conftest import HALF_PLUS_TWO_TF1
 
 
 def run(coro):
@@ -96,6 +101,43 @@ def test_a_request_whose_deadline_passes_in_the_queue_never_runs():
         handler.close()
     assert ran == ["fine"]
     assert error.code == "DEADLINE_EXCEEDED" and "did not happen" in error.message
+    # The message says where the time went: waiting in the queue, with how long it had left when queued.
+    waited = re.search(
+        r"while the request waited in the run queue: queued (\d+\.\d+)s with (\d+\.\d+)s left", error.message
+    )
+    assert waited, error.message
+    assert float(waited[1]) >= 0.05 and 0.0 < float(waited[2]) <= 0.05
+
+
+def test_a_request_whose_deadline_passed_before_it_was_queued_is_answered_at_once():
+    handler = RunHandler(1)
+    ran = []
+    done = Done()
+    ticket = Ticket(deadline=time.monotonic() - 0.25, model="late", labels=("late", "1", "sig"), done=done)
+    metric = ("servex_deadline_exceeded_total", {"model": "late", "version": "1", "signature": "sig", "priority": "0"})
+    before = REGISTRY.get_sample_value(*metric) or 0.0
+
+    async def main():
+        busy = Busy(handler)  # the worker is busy, yet the answer comes at once: it never waits in the queue
+        await busy.wait_started()
+        with pytest.raises(DeadlineExceeded) as info:
+            handler.submit(ran.append, "late", ticket=ticket)
+        queued = dict(handler._queued)
+        busy.release.set()
+        await busy.future
+        return info.value, queued
+
+    try:
+        error, queued = run(main())
+    finally:
+        handler.close()
+    assert ran == [] and queued.get("late", 0) == 0
+    assert error.code == "DEADLINE_EXCEEDED"
+    assert "before the request reached the run queue" in error.message and "did not happen" in error.message
+    assert float(re.search(r"had passed (\d+\.\d+)s before", error.message)[1]) >= 0.25
+    assert "in the queue" not in error.message
+    assert done.calls == 1  # the version's lease is let go
+    assert REGISTRY.get_sample_value(*metric) == before + 1
 
 
 def test_a_cancelled_request_is_dropped():
@@ -229,6 +271,58 @@ def test_a_graph_without_a_batch_dimension_is_remembered_and_runs_each_request_o
         handler.close()
     assert [float(r[0]) for r in results] == [0.0, 2.0, 4.0]
     assert executor.runs == [1, 1, 1]
+
+
+class Counting:
+    """A real GraphExecutor whose runs are counted (rows per run), to see how requests were batched."""
+
+    def __init__(self, executor):
+        self.executor = executor
+        self.runs: list[int] = []
+
+    def run(self, feeds, fetches, targets=(), graph_name="", pin=False):
+        self.runs.append(next(iter(feeds.values())).shape[0])
+        return self.executor.run(feeds, fetches, targets, graph_name, pin)
+
+
+def test_a_request_of_zero_rows_runs_alone_and_leaves_batching_on(testdata):
+    # With allowed batch sizes, a 0-row request used to be padded from its empty self: the batch came back short
+    # of the padded size and the graph was marked unbatchable, for every client, until restart.
+    model = load_saved_model(str(HALF_PLUS_TWO_TF1 / "00000123"))
+    executor = Counting(GraphExecutor(model))
+    handler = RunHandler(1, batching=BatchingOptions(max_batch_size=8, allowed_batch_sizes=(2, 4, 8)))
+
+    async def one(x):
+        return await handler.submit_batchable(executor, {"x:0": x}, ["y:0"], False, Ticket())
+
+    try:
+        (empty,) = run(one(np.zeros((0, 1), np.float32)))
+        assert executor.runs == [0]  # alone, unpadded
+        values = [np.full((1, 1), i, np.float32) for i in range(6)]
+        results = _batched_by_name(handler, executor, values)
+        executor.runs.clear()
+        results_again = _batched_by_name(handler, executor, values)
+    finally:
+        handler.close()
+        executor.executor.close()
+    assert empty.shape == (0, 1) and empty.dtype == np.float32
+    for value, (y,), (y_again,) in zip(values, results, results_again, strict=True):
+        np.testing.assert_array_equal(y, 0.5 * value + 2)
+        np.testing.assert_array_equal(y_again, 0.5 * value + 2)
+    assert len(executor.runs) < len(values), executor.runs  # still batched: 6 rows padded to 8, in one run
+    assert executor.runs == [8]
+
+
+def _batched_by_name(handler, executor, values):
+    async def main():
+        busy = Busy(handler)
+        await busy.wait_started()
+        futures = [handler.submit_batchable(executor, {"x:0": v}, ["y:0"], False, Ticket()) for v in values]
+        busy.release.set()
+        await busy.future
+        return await asyncio.gather(*futures)
+
+    return run(main())
 
 
 def test_a_lone_request_runs_once_even_when_its_output_has_no_batch_dimension():
