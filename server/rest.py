@@ -7,9 +7,14 @@ gRPC codes, below), the ``{"error": "..."}`` body, request metrics (the same ``s
 latency histogram as gRPC, methods ``rest:*``), the call's priority (header ``x-servex-priority``, as the gRPC
 metadata) and deadline (``--rest_api_timeout_in_ms``, TensorFlow Serving's flag), and reading the body: at
 most ``--max_message_bytes`` on the wire and again after ``Content-Encoding: gzip``/``deflate`` is undone, so
-that a compressed bomb is answered 413 having inflated no more than the limit. Answers of 1 KiB or more are
-compressed (deflate or gzip) when the request's ``Accept-Encoding`` allows it, as Triton does for
-tritonclient's ``response_compression_algorithm``.
+that a compressed bomb is answered 413 having inflated no more than the limit. A JSON document (a ``/v1``
+body, the JSON part of a ``/v2`` body) may have at most a quarter of that limit (``JSON_SHARE``): parsed, JSON
+takes many times its size in memory. Answers of 1 KiB or more are compressed (deflate or gzip) when the
+request's ``Accept-Encoding`` allows it (q-values honoured), as Triton does for tritonclient's
+``response_compression_algorithm``.
+
+Clients that go away mid-call are counted CANCELLED (499), not logged as errors; malformed HTTP that aiohttp
+answers 400 itself is logged at DEBUG, so that no client can fill the log at ERROR.
 """
 
 from __future__ import annotations
@@ -21,8 +26,10 @@ import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+import numpy as np
 import orjson
-from aiohttp import web
+from aiohttp import http_exceptions, web
+from aiohttp.web import ContentCoding
 
 from loader.errors import InvalidArgument, ServingError
 from server.core import REQUEST, RequestInfo, ServingCore, priority_from_text
@@ -53,16 +60,33 @@ HTTP_STATUS = {
 JSON = "application/json"
 # Bodies (and outputs) larger than this are decoded (encoded) on a worker thread, not on the event loop.
 OFFLOAD_BYTES = 1 << 20
+# A JSON document may have at most 1/JSON_SHARE of --max_message_bytes (decompressed): parsed, each number is a
+# Python object and a list entry, then an array or two and the answer: about 16 times the text at worst.
+JSON_SHARE = 4
+JSON_LIMIT_REASON = (
+    "a quarter of --max_message_bytes, for JSON: parsed, JSON takes many times its size in memory; send large "
+    "tensors in binary (the v2 binary tensor extension, or gRPC)"
+)
+# An object (string) array with more elements than this counts as large without summing its strings' lengths.
+OBJECT_ELEMENTS_LARGE = 1024
 
 
 class HttpError(ServingError):
     """A ServingError answered with its own HTTP status (413 for a body over the limit, 415 for an unknown
-    Content-Encoding) while its gRPC code names it in metrics."""
+    Content-Encoding, 405 for a method an endpoint does not take, with its ``Allow`` header) while its gRPC code
+    names it in metrics."""
 
-    def __init__(self, message: str, code: str, status: int):
+    def __init__(self, message: str, code: str, status: int, headers: dict[str, str] | None = None):
         super().__init__(message)
         self.code = code
         self.status = status
+        self.headers = headers
+
+
+class Cancelled(ServingError):
+    """The client went away before the call was answered (TensorFlow Serving's 499)."""
+
+    code = "CANCELLED"
 
 
 def status_of(error: ServingError) -> int:
@@ -70,7 +94,12 @@ def status_of(error: ServingError) -> int:
 
 
 def error_response(error: ServingError) -> web.Response:
-    return web.Response(body=orjson.dumps({"error": error.message}), status=status_of(error), content_type=JSON)
+    return web.Response(
+        body=orjson.dumps({"error": error.message}),
+        status=status_of(error),
+        content_type=JSON,
+        headers=getattr(error, "headers", None),
+    )
 
 
 def json_response(body: bytes, status: int = 200) -> web.Response:
@@ -81,19 +110,60 @@ def json_response(body: bytes, status: int = 200) -> web.Response:
 COMPRESS_MIN_BYTES = 1024
 
 
+def answer_coding(request: web.Request) -> ContentCoding | None:
+    """The coding to compress an answer with, as the request's ``Accept-Encoding`` allows (RFC 9110 12.5.3): deflate
+    or gzip (``x-gzip`` too), the one with the higher q-value, deflate on a tie; none when neither is listed or both
+    have ``q=0``."""
+    best: tuple[float, ContentCoding] | None = None
+    for item in request.headers.get("Accept-Encoding", "").lower().split(","):
+        name, *params = (part.strip() for part in item.split(";"))
+        coding = {"deflate": ContentCoding.deflate, "gzip": ContentCoding.gzip, "x-gzip": ContentCoding.gzip}.get(name)
+        if coding is None:
+            continue
+        q = 1.0
+        for param in params:
+            key, _, value = param.partition("=")
+            if key.strip() == "q":
+                try:
+                    q = float(value.strip())
+                except ValueError:
+                    q = 0.0  # not a q-value: not acceptable
+        if q > 0 and (best is None or q > best[0] or (q == best[0] and coding is ContentCoding.deflate)):
+            best = (q, coding)
+    return best[1] if best else None
+
+
 def accepts_compression(request: web.Request) -> bool:
-    accepted = request.headers.get("Accept-Encoding", "").lower()
-    return "gzip" in accepted or "deflate" in accepted
+    return answer_coding(request) is not None
 
 
-def compressed(response: web.StreamResponse) -> web.StreamResponse:
-    """A whole-body response, compressed (deflate or gzip, as the request's Accept-Encoding allows, deflate first)
-    when its body is large enough; aiohttp compresses large bodies off the event loop. Streamed answers (already
-    sent) go as they are."""
+def compressed(request: web.Request, response: web.StreamResponse) -> web.StreamResponse:
+    """A whole-body response, compressed (deflate or gzip, as ``answer_coding`` picks from the request's
+    Accept-Encoding) when its body is large enough; aiohttp compresses large bodies off the event loop. Streamed
+    answers (already sent) go as they are."""
     body = response.body if isinstance(response, web.Response) else None
     if isinstance(body, bytes | bytearray) and len(body) >= COMPRESS_MIN_BYTES:
-        response.enable_compression()  # a no-op without a matching Accept-Encoding
+        coding = answer_coding(request)
+        if coding is not None:
+            response.enable_compression(coding)
     return response
+
+
+def payload_bytes(arrays) -> int:
+    """About how many bytes ``arrays`` (outputs) hold, to choose where to encode them: ``nbytes``, but for object
+    (string) arrays, whose ``nbytes`` counts pointers only, the strings' lengths; an object array of many
+    elements counts as large (``OFFLOAD_BYTES``) without summing them."""
+    total = 0
+    for array in arrays:
+        if not isinstance(array, np.ndarray):
+            array = np.asarray(array, dtype=object if isinstance(array, bytes | str) else None)
+        if array.dtype.kind != "O":
+            total += array.nbytes
+        elif array.size > OBJECT_ELEMENTS_LARGE:
+            total += OFFLOAD_BYTES
+        else:
+            total += sum(len(v) if isinstance(v, bytes | str) else 8 for v in array.flat)
+    return total
 
 
 @dataclass
@@ -113,6 +183,7 @@ class Rest:
     def __init__(self, core: ServingCore, max_body_bytes: int, timeout_s: float):
         self.core = core
         self.max_body_bytes = max_body_bytes
+        self.max_json_bytes = max_body_bytes // JSON_SHARE
         self.timeout_s = timeout_s
         self.draining = False
 
@@ -128,14 +199,20 @@ class Rest:
             try:
                 info = self.request_info(request)
                 REQUEST.set(info)
-                return compressed(await handler(request, call, info))
+                return compressed(request, await handler(request, call, info))
             except ServingError as e:
                 code = e.code
                 return error_response(e)
             except RecursionError:  # JSON lists nested deeper than the codec walks
-                error = InvalidArgument("the request's JSON is nested too deeply: a tensor has at most a few dozen")
+                error = InvalidArgument(
+                    "the request's JSON is nested too deeply: a tensor has at most 64 dimensions (nested lists)"
+                )
                 code = error.code
                 return error_response(error)
+            except ConnectionError as e:  # the client went away (mid-body, or while the answer was sent)
+                code = Cancelled.code
+                log.debug("%s: the client went away: %s: %s", call.method, type(e).__name__, e)
+                return error_response(Cancelled(f"the client went away: {e}"))
             except Exception as e:
                 code = "INTERNAL"
                 log.exception("%s failed", call.method)
@@ -153,17 +230,25 @@ class Rest:
         deadline = time.monotonic() + self.timeout_s if self.timeout_s > 0 else None
         return RequestInfo(priority, deadline)
 
-    async def body(self, request: web.Request) -> bytes:
-        """The request body, decompressed per Content-Encoding; 413 beyond ``max_body_bytes`` before or after."""
-        limit = self.max_body_bytes
+    async def body(self, request: web.Request, json: bool = False) -> bytes:
+        """The request body, decompressed per Content-Encoding; 413 beyond ``max_body_bytes`` before or after, or
+        with ``json`` (a body that is all JSON) beyond ``max_json_bytes``. A client that goes away mid-body is
+        CANCELLED."""
+        limit, reason = (self.max_json_bytes, JSON_LIMIT_REASON) if json else (self.max_body_bytes, BODY_LIMIT_REASON)
         if request.content_length is not None and request.content_length > limit:
-            raise too_large(f"the request body has {request.content_length} bytes", limit)
+            raise too_large(f"the request body has {request.content_length} bytes, more than", limit, reason)
         try:
             data = await request.read()
         except web.HTTPRequestEntityTooLarge:
-            raise too_large("the request body is larger", limit) from None
+            raise too_large("the request body is larger than", self.max_body_bytes, BODY_LIMIT_REASON) from None
+        except ConnectionError as e:
+            raise Cancelled(f"the client went away while sending the request body: {e}") from None
+        except http_exceptions.HttpProcessingError as e:  # e.g. a body shorter than its Content-Length
+            raise InvalidArgument(f"the request body is malformed HTTP: {e.message}") from None
         encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
         if encoding in ("", "identity"):
+            if len(data) > limit:  # a chunked body, without Content-Length
+                raise too_large(f"the request body has {len(data)} bytes, more than", limit, reason)
             return data
         if encoding not in ("gzip", "x-gzip", "deflate"):
             raise HttpError(
@@ -172,14 +257,23 @@ class Rest:
                 415,
             )
         # Off the loop whatever the compressed size: a small body may inflate to the whole limit.
-        return await asyncio.get_running_loop().run_in_executor(None, inflate, data, encoding, limit)
+        return await asyncio.get_running_loop().run_in_executor(None, inflate, data, encoding, limit, reason)
+
+    def check_json_size(self, size: int) -> None:
+        """413 for a JSON document (the JSON part of a v2 body) over ``max_json_bytes``."""
+        if size > self.max_json_bytes:
+            raise too_large(f"the request's JSON has {size} bytes, more than", self.max_json_bytes, JSON_LIMIT_REASON)
 
 
-def too_large(what: str, limit: int) -> HttpError:
-    return HttpError(f"{what} than the limit of {limit} bytes (--max_message_bytes)", "RESOURCE_EXHAUSTED", 413)
+BODY_LIMIT_REASON = "--max_message_bytes"
 
 
-def inflate(data: bytes, encoding: str, limit: int) -> bytes:
+def too_large(what: str, limit: int, reason: str = BODY_LIMIT_REASON) -> HttpError:
+    """413: ``what`` ends with "more than" or "larger than"."""
+    return HttpError(f"{what} the limit of {limit} bytes ({reason})", "RESOURCE_EXHAUSTED", 413)
+
+
+def inflate(data: bytes, encoding: str, limit: int, reason: str = BODY_LIMIT_REASON) -> bytes:
     """Undo gzip (``gzip``/``x-gzip``) or zlib (``deflate``) compression, inflating at most ``limit + 1`` bytes."""
     inflater = zlib.decompressobj(31 if "gzip" in encoding else 15)
     try:
@@ -187,7 +281,7 @@ def inflate(data: bytes, encoding: str, limit: int) -> bytes:
     except zlib.error as e:
         raise InvalidArgument(f"the request body is not valid {encoding} data: {e}") from None
     if len(out) > limit or inflater.unconsumed_tail:
-        raise too_large(f"the {encoding} request body inflates to more", limit)
+        raise too_large(f"the {encoding} request body inflates to more than", limit, reason)
     if not inflater.eof:
         raise InvalidArgument(f"the {encoding} request body is truncated: its compressed stream does not end")
     if inflater.unused_data:
@@ -197,9 +291,10 @@ def inflate(data: bytes, encoding: str, limit: int) -> bytes:
     return out
 
 
-async def offload(size: int, fn, *args):
-    """``fn(*args)``, on a worker thread when ``size`` (bytes it works on) is large, so the loop keeps serving."""
-    if size < OFFLOAD_BYTES:
+async def offload(size: int, fn, *args, threshold: int = OFFLOAD_BYTES):
+    """``fn(*args)``, on a worker thread when ``size`` (bytes it works on) is ``threshold`` or more, so the loop
+    keeps serving."""
+    if size < threshold:
         return fn(*args)
     return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
 
@@ -234,7 +329,12 @@ class RestServer:
         """Bind and serve; OSError when the port cannot be bound."""
         # Bodies are decompressed by Rest.body under the size limit, never by aiohttp unbounded.
         self.runner = web.AppRunner(
-            self.app, auto_decompress=False, access_log=None, handle_signals=False, shutdown_timeout=self.drain_s
+            self.app,
+            auto_decompress=False,
+            access_log=None,
+            handle_signals=False,
+            shutdown_timeout=self.drain_s,
+            logger=_http_log,
         )
         await self.runner.setup()
         site = web.TCPSite(self.runner, self.address, self.port, reuse_port=self.reuse_port)
@@ -256,10 +356,39 @@ class RestServer:
 
 
 async def _unknown_path(request: web.Request, call: Call, info: RequestInfo) -> web.StreamResponse:
-    error = HttpError(
+    """404, or 405 with ``Allow`` when another endpoint has this path but takes other methods."""
+    allowed: set[str] = set()
+    for resource in request.app.router.resources():
+        if resource is not request.match_info.route.resource:
+            allowed |= (await resource.resolve(request))[1]
+    if allowed:
+        methods = ", ".join(sorted(allowed))
+        raise HttpError(
+            f"method {request.method} is not allowed on {request.path}: it takes {methods}",
+            "UNIMPLEMENTED",
+            405,
+            {"Allow": methods},
+        )
+    raise HttpError(
         f"no such endpoint: {request.method} {request.path}; servex serves TensorFlow Serving's REST API under /v1/ "
         f"and KServe v2 under /v2/",
         "NOT_FOUND",
         404,
     )
-    raise error
+
+
+class _ClientErrorsAtDebug(logging.Filter):
+    """aiohttp answers malformed HTTP (a bad chunk size, an over-long header, ...) 400 itself and logs it as an
+    ERROR with a traceback: such records go out at DEBUG, one line, so that clients cannot fill the log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, http_exceptions.HttpProcessingError | ConnectionError):
+            _http_log.debug("%s: %s: %s", record.getMessage(), type(error).__name__, error)
+            return False
+        return True
+
+
+# The REST server's own aiohttp logger (aiohttp's default is "aiohttp.server").
+_http_log = logging.getLogger("server.rest.http")
+_http_log.addFilter(_ClientErrorsAtDebug())

@@ -1,13 +1,17 @@
 """JSON <-> NumPy for the REST adapters (TensorFlow Serving's REST API and KServe v2 REST), through orjson.
 
 Parsing: orjson, with a fallback to the standard library only when orjson refuses the document, so that the
-``NaN``, ``Infinity`` and ``-Infinity`` literals TensorFlow Serving reads and writes are accepted too.
+``NaN``, ``Infinity`` and ``-Infinity`` literals TensorFlow Serving reads and writes are accepted too. What orjson
+refuses for good reasons stays refused on that path: numbers beyond a double's range (``1e400``, which the
+standard library would read as infinity) and strings holding a lone surrogate (``"\\ud800"``, not Unicode text).
 
 Values to arrays: a JSON list (nested to any depth) becomes an array of the dtype the signature or the v2
 datatype asks for, in one vectorized ``np.asarray``. The checks are TensorFlow Serving's: numbers for float
 tensors (integers too, when the float holds them exactly), integers for integer tensors (in range), booleans for
-bool tensors; ragged lists are refused. The slow walk that finds *which* value or list is wrong runs only when a
-check fails, so that the message can name its position (``instances[1][0]``).
+bool tensors; ragged lists and lists nested deeper than NumPy's 64 dimensions are refused. Every float dtype
+(float16 and bfloat16 too) refuses integers beyond its mantissa (float16: 2047, bfloat16: 255, float32: 2^24 - 1,
+TensorFlow Serving's rule for float) and finite values beyond its range. The slow walk that finds *which* value
+or list is wrong runs only when a check fails, so that the message can name its position (``instances[1][0]``).
 
 Arrays to JSON: orjson serializes NumPy arrays itself (``OPT_SERIALIZE_NUMPY``: float32 is written with the
 shortest decimal that reads back as the same float32, as TensorFlow Serving writes it). Outputs holding NaN or
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +34,9 @@ from loader.errors import InvalidArgument
 
 OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+MAX_DIMS = 64  # NumPy's (and so a tensor's) most dimensions
+# A JSON escape of a UTF-16 surrogate (U+D800..U+DFFF): a lone one is no Unicode text.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 def parse(data: bytes | memoryview, what: str = "request body") -> Any:
@@ -39,11 +47,67 @@ def parse(data: bytes | memoryview, what: str = "request body") -> Any:
         return orjson.loads(data)
     except orjson.JSONDecodeError as e:
         error = e
+
+    def finite_float(text: str) -> float:
+        value = float(text)
+        if math.isinf(value):
+            raise InvalidArgument(
+                f"JSON parse error in the {what}: the number {text[:40]} is beyond the range of a 64-bit float "
+                f"(about 1.8e308); write Infinity or -Infinity for an infinity"
+            )
+        return value
+
+    raw = bytes(data)
     try:  # NaN / Infinity literals (TensorFlow Serving accepts them): the standard library reads them
-        return json.loads(bytes(data))
+        doc = json.loads(raw, parse_float=finite_float)
     except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nested too deep
-        pass
-    raise InvalidArgument(f"JSON parse error in the {what}: {error}") from None
+        raise InvalidArgument(f"JSON parse error in the {what}: {error}") from None
+    if _SURROGATE_ESCAPE.search(raw):  # orjson refuses lone surrogates; the standard library lets them in
+        found = lone_surrogate(doc)
+        if found is not None:
+            raise InvalidArgument(
+                f"JSON parse error in the {what}: {found[0]} is not valid Unicode: it holds a lone surrogate "
+                f"(U+{ord(found[1]):04X}); JSON strings must be Unicode text (send bytes as base64)"
+            )
+    return doc
+
+
+def lone_surrogate(doc: Any) -> tuple[str, str] | None:
+    """Where the first string (a value or an object's key) holding a lone surrogate is in a parsed document, in
+    words, and that surrogate; None when there is none."""
+    stack: list[tuple[Any, str]] = [(doc, "")]
+    while stack:
+        value, at = stack.pop()
+        if isinstance(value, str):
+            bad = _surrogate(value)
+            if bad is not None:
+                return f"the string at {at or 'the top level'}", bad
+        elif isinstance(value, list):
+            stack.extend((item, f"{at}[{i}]") for i, item in reversed(list(enumerate(value))))
+        elif isinstance(value, dict):
+            for key, item in reversed(list(value.items())):
+                bad = _surrogate(key)
+                if bad is not None:
+                    return f"the key {key!r} of {at or 'the top-level object'}", bad
+                stack.append((item, _member(at, key)))
+    return None
+
+
+def _member(at: str, key: str) -> str:
+    """The path of an object's member: ``inputs[0].data``, ``examples[0]['a key']``."""
+    if key.isidentifier():
+        return f"{at}.{key}" if at else key
+    return f"{at}[{key!r}]"
+
+
+def _surrogate(text: str) -> str | None:
+    if text.isascii():
+        return None
+    try:
+        text.encode()
+    except UnicodeEncodeError as e:
+        return text[e.start]
+    return None
 
 
 def type_name(value: Any) -> str:
@@ -166,6 +230,11 @@ def to_array(value: Any, dtype: np.dtype, where: str, expects: str) -> np.ndarra
         array = np.asarray(value)
     except (ValueError, OverflowError):
         array = None
+        depth = len(shape_of(value))
+        if depth > MAX_DIMS:
+            raise InvalidArgument(
+                f"{expects}: {where} is nested {depth} levels deep; a tensor has at most {MAX_DIMS} dimensions"
+            ) from None
     if array is None or array.dtype.kind == "O":
         bad = first_mismatch(value, accept, where)
         if bad is not None:
@@ -176,7 +245,13 @@ def to_array(value: Any, dtype: np.dtype, where: str, expects: str) -> np.ndarra
         if ragged:
             raise InvalidArgument(f"{expects}: the lists are ragged: {ragged}; a tensor's lists must be rectangular")
         if array is None or array.size:  # integers beyond 64 bits
-            raise InvalidArgument(f"{expects}: {where} holds an integer too large for {np.dtype(dtype).name}")
+            big = first_mismatch(value, lambda v: not _is_integer(v) or -(2**63) <= v < 2**64, where)
+            at, shown = (big[0], show(big[1], 40)) if big else (where, "an integer")
+            if kind == "float":
+                raise InvalidArgument(
+                    f"{expects}: cannot convert {at} = {shown} to {np.dtype(dtype).name} without loss of precision"
+                )
+            raise InvalidArgument(f"{expects}: {at} = {shown} is an integer too large for {np.dtype(dtype).name}")
     if array.size == 0:
         return np.zeros(array.shape, dtype=dtype)
     if not _kind_fits(array.dtype.kind, kind):
@@ -185,8 +260,16 @@ def to_array(value: Any, dtype: np.dtype, where: str, expects: str) -> np.ndarra
             raise InvalidArgument(f"{expects}: {where} holds integers out of range for {np.dtype(dtype).name}")
         raise InvalidArgument(f"{expects}: {bad[0]} is {show(bad[1])} ({type_name(bad[1])}), expected {wanted}")
     if kind != "bool" and array.dtype.kind in "iuf" and isinstance(value, list):
-        bad = first_mismatch(value, accept, where)  # a boolean among numbers: NumPy made it 0 or 1
+        # a boolean among numbers: NumPy made it 0 or 1; integers among floats (or beyond int64 and of both
+        # signs): NumPy made them float64, so the float dtype's integer check below cannot see them
+        exact = _exact_integers(dtype) if kind == "float" and array.dtype.kind == "f" else None
+        check = accept if exact is None else lambda v: _is_number(v) and not (_is_integer(v) and abs(v) > exact)
+        bad = first_mismatch(value, check, where)
         if bad is not None:
+            if _is_integer(bad[1]):
+                raise InvalidArgument(
+                    f"{expects}: cannot convert {bad[0]} = {bad[1]} to {np.dtype(dtype).name} without loss of precision"
+                )
             raise InvalidArgument(f"{expects}: {bad[0]} is {show(bad[1])} ({type_name(bad[1])}), expected {wanted}")
     if kind == "int":
         return _to_int(array, dtype, value, where, expects)
@@ -216,9 +299,15 @@ def _to_int(array: np.ndarray, dtype: np.dtype, value, where: str, expects: str)
     return array.astype(dtype, copy=False)
 
 
+def _exact_integers(dtype: np.dtype) -> int:
+    """The largest integer a float dtype takes as TensorFlow Serving does: every integer up to it is exact
+    (2^24 - 1 for float32; 2047 for float16, 255 for bfloat16)."""
+    return 2 ** (ml_dtypes.finfo(dtype).nmant + 1) - 1
+
+
 def _to_float(array: np.ndarray, dtype: np.dtype, value, where: str, expects: str) -> np.ndarray:
-    if array.dtype.kind in "iu" and dtype.itemsize >= 4:  # integers beyond the mantissa would change
-        exact = 2 ** np.finfo(dtype).nmant * 2 - 1
+    if array.dtype.kind in "iu":  # integers beyond the mantissa would change
+        exact = _exact_integers(dtype)
         big = np.abs(array.astype(np.float64)).max()
         if big > exact:
             bad = first_mismatch(value, lambda v: abs(v) <= exact, where)
@@ -228,10 +317,10 @@ def _to_float(array: np.ndarray, dtype: np.dtype, value, where: str, expects: st
             )
     with np.errstate(over="ignore"):
         converted = array.astype(dtype)
-    if dtype.kind == "f" and array.dtype.kind == "f" and dtype.itemsize < array.dtype.itemsize:
+    if array.dtype.kind == "f" and dtype.itemsize < array.dtype.itemsize:  # bfloat16 too (its kind is "V")
         overflow = np.isinf(converted) & np.isfinite(array)
         if overflow.any():
-            top = float(np.finfo(dtype).max)
+            top = float(ml_dtypes.finfo(dtype).max)
             at = first_mismatch(value, lambda v: not (math.isfinite(v) and abs(v) > top), where)
             raise InvalidArgument(
                 f"{expects}: cannot convert {at[0] if at else where} = {array[overflow].flat[0]} to "

@@ -8,10 +8,12 @@
   ``{"inputs": ...}`` answered ``{"outputs": ...}``; optional ``signature_name``. DT_STRING values are JSON
   strings or ``{"b64": "..."}``; a DT_STRING output whose alias ends in ``_bytes`` is written ``{"b64": ...}``.
 - ``POST ...:classify`` / ``...:regress``: ``{"examples": [...], "context": {...}}`` in TensorFlow Serving's JSON
-  tf.Example format, run by server/examples.py exactly as the gRPC Classify/Regress; ``{"results": [...]}``.
+  tf.Example format, run by server/examples.py's steps as the gRPC Classify/Regress; ``{"results": [...]}``. The
+  JSON becomes serialized tf.Examples, and the results JSON, on a worker thread when the body is large
+  (``EXAMPLES_OFFLOAD_BYTES``), so that a small compressed body of millions of examples holds no other call.
 
-Paths are matched case-insensitively with TensorFlow Serving's own patterns; any other ``/v1/`` path is 400
-"Malformed request". Errors are ``{"error": "..."}`` with the status of server/rest.py's mapping.
+Paths are matched case-insensitively with TensorFlow Serving's own patterns (``HEAD`` as ``GET``); any other
+``/v1/`` path is 400 "Malformed request". Errors are ``{"error": "..."}`` with the status of server/rest.py's mapping.
 """
 
 from __future__ import annotations
@@ -28,19 +30,23 @@ import numpy as np
 from aiohttp import web
 from google.protobuf import json_format
 from tensorflow.core.example import example_pb2, feature_pb2
-from tensorflow_serving.apis import classification_pb2, get_model_status_pb2, regression_pb2
+from tensorflow_serving.apis import classification_pb2, get_model_status_pb2, input_pb2, regression_pb2
 
 from loader.errors import CODE_NAMES, InvalidArgument
 from loader.saved_model import HIDDEN_SIGNATURES, TensorSpec
 from server import examples
 from server import rest_codec as codec
 from server.core import REQUEST, RequestInfo
-from server.rest import Call, Rest, json_response, offload
+from server.rest import Call, Rest, json_response, offload, payload_bytes
 
 _SPEC = r"/v1/models/([^/:]+)(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?"
 PREDICT_PATH = re.compile(_SPEC + r":(classify|regress|predict)", re.IGNORECASE)
 STATUS_PATH = re.compile(r"/v1/models(?:/([^/:]+))?(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?(?:/(metadata))?", re.I)
 _INT64_MAX = 2**63 - 1
+# Classify/regress bodies of this many bytes or more become tf.Examples (and their results JSON) on a worker thread:
+# a tf.Example built and serialized per example and a result read back cost about 0.25 us of Python per byte of
+# JSON (a 1 MiB body: a quarter of a second of the event loop), so from 64 KiB (about 15 ms) on.
+EXAMPLES_OFFLOAD_BYTES = 64 << 10
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
@@ -58,7 +64,7 @@ async def dispatch(rest: Rest, request: web.Request, call: Call, info: RequestIn
         if verb == "predict":
             return await predict(rest, request, name, version, label)
         return await classify_regress(rest, request, verb, name, version, label)
-    if request.method == "GET" and (match := STATUS_PATH.fullmatch(path)):
+    if request.method in ("GET", "HEAD") and (match := STATUS_PATH.fullmatch(path)):
         name, version, label = _spec(match)
         metadata = match.group(4) is not None
         call.method, call.model = ("rest:model_metadata" if metadata else "rest:model_status"), name
@@ -75,15 +81,17 @@ def _spec(match: re.Match) -> tuple[str, int | None, str]:
     name = unquote(match.group(1) or "")
     version = None
     if match.group(2):
-        version = int(match.group(2))
-        if version > _INT64_MAX:
-            raise InvalidArgument(f"Failed to convert version: {match.group(2)} to numeric (it exceeds int64)")
+        text = match.group(2)
+        if len(text) > 19 or int(text) > _INT64_MAX:  # 19 digits: int64; never int() thousands of digits
+            shown = text if len(text) <= 40 else f"{text[:20]}...({len(text)} digits)"
+            raise InvalidArgument(f"Failed to convert version: {shown} to numeric (it exceeds int64)")
+        version = int(text)
     return name, version, unquote(match.group(3) or "")
 
 
 async def _document(rest: Rest, request: web.Request) -> tuple[dict, int]:
     """The request's JSON object and its size in bytes (decompressed)."""
-    body = await rest.body(request)
+    body = await rest.body(request, json=True)
     doc = await offload(len(body), codec.parse, body)
     if not isinstance(doc, dict):
         raise InvalidArgument(
@@ -108,11 +116,11 @@ async def predict(rest: Rest, request: web.Request, name: str, version: int | No
     sig = core.signature(core.resolve(name, version, label), signature_name)
     info, started = REQUEST.get(), time.perf_counter()
     inputs, row = await offload(size, decode_predict, doc, sig.inputs)
+    del doc  # the parsed JSON takes many times the inputs' memory: gone before the run
     info.compute_input = time.perf_counter() - started
     result = await core.predict(name, version, label, signature_name, inputs)
     started = time.perf_counter()
-    out_bytes = sum(v.nbytes for v in result.outputs.values())
-    text = await offload(out_bytes, encode_predict, result.outputs, row)
+    text = await offload(payload_bytes(result.outputs.values()), encode_predict, result.outputs, row)
     info.compute_output = time.perf_counter() - started
     return json_response(text)
 
@@ -211,10 +219,14 @@ def _to_array(value: Any, spec: TensorSpec, where: str, expects: str) -> np.ndar
 
 def _to_strings(value: Any, where: str, expects: str) -> np.ndarray:
     """A DT_STRING tensor from nested lists of strings (UTF-8) and ``{"b64": ...}`` objects."""
+    shape = codec.shape_of(value)
+    if len(shape) > codec.MAX_DIMS:
+        raise InvalidArgument(
+            f"{expects}: {where} is nested {len(shape)} levels deep; a tensor has at most {codec.MAX_DIMS} dimensions"
+        )
     ragged = codec.ragged_at(value, where)
     if ragged:
         raise InvalidArgument(f"{expects}: the lists are ragged: {ragged}; a tensor's lists must be rectangular")
-    shape = codec.shape_of(value)
     flat: list[bytes] = []
 
     def walk(v: Any, at: str) -> None:
@@ -298,25 +310,53 @@ def encode_predict(outputs: dict[str, np.ndarray], row: bool) -> bytes:
 async def classify_regress(
     rest: Rest, request: web.Request, verb: str, name: str, version: int | None, label: str
 ) -> web.Response:
-    doc, _ = await _document(rest, request)
-    proto = classification_pb2.ClassificationRequest() if verb == "classify" else regression_pb2.RegressionRequest()
-    spec = proto.model_spec
-    spec.name = name
-    if version is not None:
-        spec.version.value = version
-    if label:
-        spec.version_label = label
-    spec.signature_name = doc.get("signature_name", "")
-    fill_input(doc, proto.input)
+    """The steps of server/examples.py's Classify/Regress, with the costly ones (JSON -> tf.Examples -> their
+    bytes, and results -> JSON: Python per example) on a worker thread when the body is large."""
+    doc, size = await _document(rest, request)
+    signature_name = doc.get("signature_name", "")
+    serialized = await offload(size, serialized_examples, doc, threshold=EXAMPLES_OFFLOAD_BYTES)
+    del doc
     if verb == "classify":
-        result = (await examples.classify(rest.core, proto)).result
+        method, api = examples.CLASSIFY_METHOD, "Classification"
+    else:
+        method, api = examples.REGRESS_METHOD, "Regression"
+    core = rest.core
+    lease = core.lease(name, version, label)
+    try:  # examples.classify/regress less their serialize and fill steps, which ran on the event loop
+        served = lease.served
+        sig = examples._lookup_signature(served, signature_name, f"{api}Request")
+        where = examples.where_of(served.name, served.version, sig.name)
+        plan = examples.plan_task(sig, method, where)
+        values = await examples._run(core, lease, where, [plan], serialized)
+    finally:
+        lease.end()
+    outputs = {alias: values[tensor] for alias, tensor in plan.outputs.items()}
+    text = await offload(size, encode_results, verb, outputs, len(serialized), where, threshold=EXAMPLES_OFFLOAD_BYTES)
+    return json_response(text)
+
+
+def serialized_examples(doc: dict) -> np.ndarray:
+    """A classify/regress body's examples (and context) as the 1-D DT_STRING tensor of serialized tf.Examples
+    that the signature is fed, built as TensorFlow Serving builds it."""
+    proto = input_pb2.Input()
+    fill_input(doc, proto)
+    return examples.serialized_examples(proto, "the request's examples")
+
+
+def encode_results(verb: str, outputs: dict[str, np.ndarray], count: int, where: str) -> bytes:
+    """The ``{"results": [...]}`` answer of a classify (``[[label, score], ...]`` per example) or regress (one value
+    per example) run, its outputs checked as the gRPC Classify/Regress check them."""
+    if verb == "classify":
+        result = classification_pb2.ClassificationResult()
+        examples.fill_classification_result(result, outputs, count, where)
         results: Any = [[[c.label, np.float32(c.score)] for c in cl.classes] for cl in result.classifications]
         all_finite = all(np.isfinite(c[1]) for classes in results for c in classes)
     else:
-        regressions = (await examples.regress(rest.core, proto)).result.regressions
-        results = np.array([r.value for r in regressions], np.float32)
+        regression = regression_pb2.RegressionResult()
+        examples.fill_regression_result(regression, outputs, count, where)
+        results = np.array([r.value for r in regression.regressions], np.float32)
         all_finite = codec.finite(results)
-    return json_response(codec.dumps({"results": results}, all_finite))
+    return codec.dumps({"results": results}, all_finite)
 
 
 def fill_input(doc: dict, input_proto) -> None:

@@ -3,9 +3,10 @@
 - ``GET /v2``: server metadata; ``GET /v2/health/live`` (200 while the process runs), ``GET /v2/health/ready``
   (200 while a model is available and the server is not draining, else 400).
 - ``GET /v2/models/{name}[/versions/{v}]``: model metadata (the ``serving_default`` signature's inputs and
-  outputs, v2 datatypes, -1 for unknown dimensions); ``.../ready``: 200 when that version serves, else 4xx;
-  ``.../config``: the model's configuration in Triton's form (server/v2_config.py); ``.../stats`` and
-  ``GET /v2/models/stats``: inference statistics as Triton counts them (server/v2_stats.py).
+  outputs, v2 datatypes, -1 for unknown dimensions; none for a model without that signature); ``.../ready``: 200
+  when that version serves, else 4xx; ``.../config``: the model's configuration in Triton's form
+  (server/v2_config.py); ``.../stats`` and ``GET /v2/models/stats``: inference statistics as Triton counts them
+  (server/v2_stats.py).
 - ``POST .../infer``: JSON tensors ``{"name", "shape", "datatype", "data"}`` (data flat or nested) and the binary
   tensor extension: with header ``Inference-Header-Content-Length: N`` the first N bytes are the JSON and the
   rest the inputs' raw bytes, each input taking ``parameters.binary_data_size`` of them in order (fixed-size
@@ -16,7 +17,8 @@
   ``x-servex-priority``), ``timeout`` (microseconds: the run must start within it, else 504),
   ``signature_name`` (servex's extension: the signature to run, default ``serving_default``).
 
-Errors are ``{"error": "..."}`` with the status of server/rest.py's mapping.
+Every ``GET`` endpoint answers ``HEAD`` too; another method on an endpoint's path is 405 with ``Allow``. Errors are
+``{"error": "..."}`` with the status of server/rest.py's mapping.
 """
 
 from __future__ import annotations
@@ -32,8 +34,8 @@ from aiohttp import web
 from loader.errors import FailedPrecondition, InvalidArgument, NotFound, ServingError, Unimplemented
 from server import rest_codec as codec
 from server import v2_config, v2_stats, v2_types
-from server.core import RequestInfo, checked_priority
-from server.rest import Call, HttpError, Rest, accepts_compression, json_response, offload
+from server.core import DEFAULT_SIGNATURE, RequestInfo, checked_priority
+from server.rest import Call, HttpError, Rest, accepts_compression, json_response, offload, payload_bytes
 from server.shared_memory import NO_CUDA_MEMORY
 from server.v2_config import PLATFORM
 
@@ -44,7 +46,10 @@ _INT64_MAX = 2**63 - 1
 
 def add_routes(app: web.Application, rest: Rest) -> None:
     def route(method: str, path: str, name: str, handler) -> None:
-        app.router.add_route(method, path, rest.endpoint(name, lambda r, c, i: handler(rest, r, c, i)))
+        endpoint = rest.endpoint(name, lambda r, c, i: handler(rest, r, c, i))
+        app.router.add_route(method, path, endpoint)
+        if method == "GET":  # HEAD as GET (probes and load balancers use it); aiohttp sends no body
+            app.router.add_route("HEAD", path, endpoint)
 
     route("GET", "/v2", "rest:v2_server_metadata", server_metadata)
     route("GET", "/v2/health/live", "rest:v2_server_live", live)
@@ -70,9 +75,15 @@ def _version(request: web.Request) -> int | None:
     text = request.match_info.get("version")
     if text is None:
         return None
-    if not text.isdigit() or not text.isascii() or int(text) > _INT64_MAX:
-        raise InvalidArgument(f"model version {text!r} is not a version number: use e.g. /versions/1")
+    # 19 digits: int64; never int() thousands of digits
+    if not text.isdigit() or not text.isascii() or len(text) > 19 or int(text) > _INT64_MAX:
+        raise InvalidArgument(f"model version {_cut(text)!r} is not a version number: use e.g. /versions/1")
     return int(text)
+
+
+def _cut(text: str, limit: int = 40) -> str:
+    """``text`` for an error message, cut to about ``limit`` characters."""
+    return text if len(text) <= limit else f"{text[:limit]}...({len(text)} characters)"
 
 
 async def repository(rest: Rest, request: web.Request, call: Call, info: RequestInfo) -> web.Response:
@@ -91,7 +102,7 @@ async def shared_memory_status(rest: Rest, request: web.Request, call: Call, inf
 
 async def shared_memory_register(rest: Rest, request: web.Request, call: Call, info: RequestInfo) -> web.Response:
     region = request.match_info["region"]
-    doc = _dict(codec.parse(memoryview(await rest.body(request)), "register request JSON"), "the request")
+    doc = _dict(codec.parse(memoryview(await rest.body(request, json=True)), "register request JSON"), "the request")
     key = doc.get("key")
     if not isinstance(key, str):
         raise InvalidArgument(f"'key' must be a string naming the shared memory (e.g. '/name'), got {codec.show(key)}")
@@ -170,15 +181,17 @@ async def model_metadata(rest: Rest, request: web.Request, call: Call, info: Req
     served = core.resolve(call.model, _version(request))
     body = _METADATA.get(served)
     if body is None:
-        sig = core.signature(served, "")
+        # A model without serving_default (which infer runs unless asked for another signature) has no default
+        # inputs or outputs to describe; it serves all the same (ready), so its metadata is not an error.
+        sig = served.servable.model.signatures.get(DEFAULT_SIGNATURE)
         versions = [str(s.version) for s in core.manager.statuses(served.name) if s.state == "AVAILABLE"]
         body = _METADATA[served] = codec.dumps(
             {
                 "name": served.name,
                 "versions": versions,
                 "platform": PLATFORM,
-                "inputs": [_tensor_metadata(a, s) for a, s in sig.inputs.items()],
-                "outputs": [_tensor_metadata(a, s) for a, s in sig.outputs.items()],
+                "inputs": [_tensor_metadata(a, s) for a, s in sig.inputs.items()] if sig else [],
+                "outputs": [_tensor_metadata(a, s) for a, s in sig.outputs.items()] if sig else [],
             }
         )
     return json_response(body)
@@ -211,17 +224,21 @@ async def infer(rest: Rest, request: web.Request, call: Call, info: RequestInfo)
     header = request.headers.get(HEADER_LENGTH)
     json_size = len(view)
     if header is not None:
-        if not (header.strip().isascii() and header.strip().isdigit()) or int(header) > len(view):
+        digits = header.strip()
+        # at most 19 digits (int64): never int() thousands of them
+        if not (digits.isascii() and digits.isdigit()) or len(digits) > 19 or int(digits) > len(view):
             raise InvalidArgument(
-                f"header {HEADER_LENGTH} is {header!r}: expected the byte length of the JSON at the start of the "
-                f"body, at most the body's {len(view)} bytes"
+                f"header {HEADER_LENGTH} is {_cut(header)!r}: expected the byte length of the JSON at the start of "
+                f"the body, at most the body's {len(view)} bytes"
             )
-        json_size = int(header)
+        json_size = int(digits)
+    rest.check_json_size(json_size)
     doc = await offload(json_size, codec.parse, view[:json_size], "inference request JSON")
     request_id, signature, binary_output, filters, classes, places = _parameters(doc, info)
     shared = rest.core.shared_memory
     started = time.perf_counter()
     inputs = await offload(len(view), decode_inputs, doc, view[json_size:], shared)
+    del doc  # the parsed JSON takes many times the inputs' memory: gone before the run
     info.compute_input = time.perf_counter() - started
     result = await rest.core.predict(call.model, version, "", signature, inputs, list(filters), "outputs")
     started = time.perf_counter()
@@ -229,12 +246,13 @@ async def infer(rest: Rest, request: web.Request, call: Call, info: RequestInfo)
     reply: dict[str, Any] = {"model_name": result.model_name, "model_version": str(result.version)}
     if request_id is not None:
         reply["id"] = request_id
-    size = sum(v.nbytes for v in outputs.values())
     chunks: list = []
-    reply["outputs"], all_finite = await offload(
-        size, encode_outputs, outputs, filters, binary_output, chunks, shared, places
-    )
-    text = codec.dumps(reply, all_finite)
+
+    def encode() -> bytes:  # with NaN or infinities the standard library writes the JSON: slow, large or not
+        reply["outputs"], all_finite = encode_outputs(outputs, filters, binary_output, chunks, shared, places)
+        return codec.dumps(reply, all_finite)
+
+    text = await offload(payload_bytes(outputs.values()), encode)
     info.compute_output = time.perf_counter() - started
     if not chunks:
         return json_response(text)

@@ -23,7 +23,7 @@ from tests.conftest import HALF_PLUS_TWO_TF1
 from tests.integration.daemon import Daemon, metric
 from tests.integration.test_rest import string_model  # noqa: F401  (the session fixture, shared)
 
-LIMIT = 4 << 20  # --max_message_bytes of the daemon under test
+LIMIT = 8 << 20  # --max_message_bytes of the daemon under test: JSON up to a quarter of it, 2 MiB
 
 
 @pytest.fixture(scope="module")
@@ -167,7 +167,7 @@ def test_responses_are_compressed_as_accept_encoding_allows(daemon, mlp, accept,
 
 def test_large_json_request(client, mlp):
     # ~2 MB of JSON: decoded on a worker thread (server/rest.py OFFLOAD_BYTES), answered the same
-    x = features(3000, seed=5)
+    x = features(1500, seed=5)
     result = client.infer("mlp", [tensor("features", x, "FP32", binary=False)])
     np.testing.assert_allclose(result.as_numpy("score"), mlp(x), rtol=1e-5, atol=1e-6)
 
@@ -282,6 +282,19 @@ BAD = [
     ("/v2/models/nope/infer", infer_json([X1]), {}, 404, ["model 'nope' is not served", "hp2"]),
     ("/v2/models/hp2/versions/7/infer", infer_json([X1]), {}, 404, ["no version 7", "123"]),
     ("/v2/models/hp2/versions/latest/infer", infer_json([X1]), {}, 400, ["'latest' is not a version number"]),
+    ("/v2/models/hp2/versions/1" + "0" * 5000 + "/infer", infer_json([X1]), {}, 400,
+     ["'1000000000", "(5001 characters)' is not a version number"]),
+    (HP2, infer_json([X1]), {"Inference-Header-Content-Length": "1" * 5000}, 400,
+     ["Inference-Header-Content-Length is '1111111111", "(5000 characters)'"]),
+    (HP2, b'{"id": "\\ud800", "inputs": [{"name": "x", "shape": [1, 1], "datatype": "FP32", "data": [1.0]}]}', {}, 400,
+     ["the string at id is not valid Unicode", "U+D800"]),
+    ("/v2/models/strings/infer",
+     b'{"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["\\ud800"]}]}', {}, 400,
+     ["the string at inputs[0].data[0] is not valid Unicode"]),
+    (HP2, infer_json([{**X1, "shape": [2, 1], "data": [-1, 2**64 - 1]}]), {}, 400,
+     ["inputs[0].data[1] = 18446744073709551615 to float32 without loss"]),
+    (HP2, infer_json([{**X1, "shape": [1], "data": json.loads("[" * 70 + "1.0" + "]" * 70)}]), {}, 400,
+     ["nested 70 levels deep; a tensor has at most 64 dimensions"]),
 ]  # fmt: skip
 
 
@@ -311,12 +324,58 @@ def test_non_utf8_bytes_as_json_is_refused_with_the_way_out(daemon):
 def test_body_limits(daemon, client):
     big = infer_json([{"name": "x", "shape": [LIMIT // 4, 1], "datatype": "FP32", "data": [1.0] * (LIMIT // 4)}])
     status, answer = post(daemon, HP2, big)
-    assert status == 413 and f"limit of {LIMIT} bytes" in answer["error"]
+    assert status == 413 and f"has {len(big)} bytes, more than the limit of {LIMIT} bytes" in answer["error"]
     bomb = gzip.compress(infer_json([X1]) + b" " * (64 << 20), 9)
     status, answer = post(daemon, HP2, bomb, {"Content-Encoding": "gzip"})
     assert status == 413 and "inflates to more than the limit" in answer["error"]
     x = tensor("x", np.array([[1.0]], np.float32), "FP32")
     np.testing.assert_array_equal(client.infer("hp2", [x]).as_numpy("y"), [[2.5]])
+
+
+def test_json_is_bounded_below_max_message_bytes_binary_is_not(daemon, client, mlp):
+    # Parsed, JSON takes many times its size in memory: the JSON of a v2 body may have a quarter of the limit
+    rows = 3 * (LIMIT // 4) // (64 * 20) // 2  # ~20 characters a value: 1.5 times the 2 MiB for JSON
+    x = features(rows, seed=3)
+    doc = infer_json([{"name": "features", "shape": [rows, 64], "datatype": "FP32", "data": x.ravel().tolist()}])
+    assert LIMIT // 4 < len(doc) < LIMIT
+    status, answer = post(daemon, "/v2/models/mlp/infer", doc)
+    assert status == 413, answer
+    assert f"the request's JSON has {len(doc)} bytes, more than the limit of {LIMIT // 4}" in answer["error"]
+    status, answer = post(daemon, "/v2/models/mlp/infer", gzip.compress(doc), {"Content-Encoding": "gzip"})
+    assert status == 413 and "a quarter of --max_message_bytes, for JSON" in answer["error"]
+    # the same tensor in binary: its bytes are no JSON
+    result = client.infer("mlp", [tensor("features", x, "FP32", binary=True)])
+    np.testing.assert_allclose(result.as_numpy("score"), mlp(x), rtol=1e-5, atol=1e-6)
+
+
+def request_of(daemon, method: str, path: str) -> tuple[int, dict, bytes]:
+    request = urllib.request.Request(daemon.rest_url + path, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read()
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "allow"),
+    [("PUT", "/v2/models/hp2/infer", "POST"), ("GET", "/v2/models/hp2/infer", "POST"),
+     ("DELETE", "/v2/models/hp2", "GET, HEAD"), ("POST", "/v2/health/live", "GET, HEAD"),
+     ("PUT", "/v2/systemsharedmemory/region/r/register", "POST")],
+)  # fmt: skip
+def test_a_method_an_endpoint_does_not_take_is_405_with_allow(daemon, method, path, allow):
+    status, headers, body = request_of(daemon, method, path)
+    assert status == 405 and headers["Allow"] == allow, (status, headers)
+    assert json.loads(body) == {"error": f"method {method} is not allowed on {path}: it takes {allow}"}
+    assert request_of(daemon, method, "/v2/nowhere")[0] == 404
+
+
+@pytest.mark.parametrize("path", ["/v2/health/live", "/v2/health/ready", "/v2/models/hp2", "/v2/models/hp2/ready",
+                                  "/v2", "/v1/models/hp2"])  # fmt: skip
+def test_head_on_get_endpoints(daemon, path):
+    status, headers, body = request_of(daemon, "HEAD", path)
+    assert status == 200 and body == b"", (status, headers, body)
+    assert request_of(daemon, "GET", path)[0] == 200
 
 
 def test_errors_reach_tritonclient_and_daemon_keeps_serving(client, daemon):

@@ -215,7 +215,7 @@ BAD = [
     (PREDICT, b'{"instances": [[16777217]]}', {}, 400, ["without loss of precision"]),
     (PREDICT, b'{"instances": [[1.0], [true]]}', {}, 400, ["instances[1][0] is true", "expected a number"]),
     (PREDICT, b'{"instances": [[1.0]]}', {"x-servex-priority": "1000000"}, 400, ["from -100 to 100"]),
-    (PREDICT, b'{"instances": ' + b"[" * 1000 + b"1.0" + b"]" * 1000 + b"}", {}, 400, ["nested too deeply"]),
+    (PREDICT, b'{"instances": ' + b"[" * 1000 + b"1.0" + b"]" * 1000 + b"}", {}, 400, ["nested 1000 levels deep"]),
     (PREDICT, b'{"signature_name": 5, "instances": [[1.0]]}', {}, 400, ["'signature_name' must be a string"]),
     (PREDICT, b'{"signature_name": "nope", "instances": [[1.0]]}', {}, 400, ["no signature 'nope'", "serving_default"]),
     ("/v1/models/nope:predict", b'{"instances": [[1.0]]}', {}, 404, ["model 'nope' is not served", "tf1"]),
@@ -240,6 +240,19 @@ BAD = [
     ("/v1/models/nope", None, {}, 404, ["model 'nope' is not served"]),
     ("/v1/models/tf1/versions/9", None, {}, 404, ["no version 9"]),
     ("/v1/models/tf1/versions/99999999999999999999/metadata", None, {}, 400, ["exceeds int64"]),
+    ("/v1/models/tf1/versions/1" + "0" * 5000, None, {}, 400, ["Failed to convert version: 1000", "(5001 digits)"]),
+    ("/v1/models/tf1/versions/1" + "0" * 5000 + ":predict", b'{"instances": [[1.0]]}', {}, 400, ["5001 digits"]),
+    ("/v1/models/strings:predict", b'{"instances": ["a", "\\ud800"]}', {}, 400,
+     ["the string at instances[1] is not valid Unicode", "U+D800"]),
+    ("/v1/models/tf1:regress", b'{"signature_name": "regress_x_to_y", "examples": [{"x": "\\udfff"}]}', {}, 400,
+     ["the string at examples[0].x is not valid Unicode"]),
+    ("/v1/models/tf1:regress", b'{"signature_name": "regress_x_to_y", "examples": [{"\\ud800": 1.0}]}', {}, 400,
+     ["the key '\\ud800' of examples[0] is not valid Unicode"]),
+    (PREDICT, b'{"instances": [[1.0], [1e400]]}', {}, 400, ["the number 1e400 is beyond the range of a 64-bit float"]),
+    (PREDICT, b'{"instances": [[-1], [18446744073709551615]]}', {}, 400,
+     ["cannot convert instances[1][0] = 18446744073709551615 to float32 without loss of precision"]),
+    (PREDICT, b'{"instances": ' + b"[" * 100 + b"1.0" + b"]" * 100 + b"}", {}, 400,
+     ["instances is nested 100 levels deep; a tensor has at most 64 dimensions"]),
     ("/elsewhere", None, {}, 404, ["no such endpoint", "/v1/", "/v2/"]),
 ]  # fmt: skip
 
@@ -254,15 +267,44 @@ def test_bad_requests(daemon, path, raw, headers, status, words):
 
 
 def test_body_limits(daemon):
+    # A /v1 body is JSON: at most a quarter of --max_message_bytes, on the wire and once inflated
     big = b'{"instances": [' + b"[1.0]," * (LIMIT // 6) + b"[1.0]]}"
     status, answer = call(daemon, PREDICT, raw=big)
-    assert status == 413 and f"limit of {LIMIT} bytes" in answer["error"], answer
+    assert status == 413, answer
+    assert f"the request body has {len(big)} bytes, more than the limit of {LIMIT // 4} bytes" in answer["error"]
+    assert "a quarter of --max_message_bytes, for JSON" in answer["error"]
     # A gzip bomb: 64 KiB on the wire, 64 MiB inflated: refused having inflated no more than the limit
     bomb = gzip.compress(b"[" + b" " * (64 << 20) + b"]", 9)
     assert len(bomb) < LIMIT
     status, answer = call(daemon, PREDICT, raw=bomb, headers={"Content-Encoding": "gzip"})
-    assert status == 413 and "inflates to more than the limit" in answer["error"], answer
+    assert status == 413 and f"inflates to more than the limit of {LIMIT // 4} bytes" in answer["error"], answer
     assert ok(daemon, PREDICT, {"instances": [[1.0]]}) == {"predictions": [[2.5]]}
+
+
+def test_json_bodies_are_bounded_below_max_message_bytes(daemon):
+    # Parsed, JSON takes many times its size in memory (about 16x for a list of small numbers): a small gzip body
+    # inflating to under --max_message_bytes must not cost 16x that
+    rows = b"[0]," * ((LIMIT // 4) // 4)
+    over = gzip.compress(b'{"instances": [' + rows + b"[0]]}")
+    status, answer = call(daemon, PREDICT, raw=over, headers={"Content-Encoding": "gzip"})
+    assert status == 413 and len(over) < 4096, answer
+    assert f"inflates to more than the limit of {LIMIT // 4} bytes (a quarter of --max_message_bytes" in answer["error"]
+    under = gzip.compress(b'{"instances": [' + rows[: -40 * 4] + b"[0]]}")
+    assert len(ok(daemon, PREDICT, raw=under, headers={"Content-Encoding": "gzip"})["predictions"]) > 60_000
+
+
+@pytest.mark.parametrize(
+    ("accept", "coding"),
+    [("gzip;q=0", None), ("deflate;q=0, gzip", "gzip"), ("gzip;q=0.5, deflate;q=0.9", "deflate"), ("identity", None)],
+)
+def test_accept_encoding_q_values_are_honoured(daemon, accept, coding):
+    body = json.dumps({"instances": [[float(i)] for i in range(400)]}).encode()
+    request = urllib.request.Request(daemon.rest_url + PREDICT, data=body, headers={"Accept-Encoding": accept})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert response.headers["Content-Encoding"] == coding
+        data = response.read()
+    undo = {None: bytes, "gzip": gzip.decompress, "deflate": __import__("zlib").decompress}[coding]
+    assert json.loads(undo(data)) == {"predictions": [[0.5 * i + 2] for i in range(400)]}
 
 
 def test_keeps_serving_and_counts_rest_calls(daemon):

@@ -114,3 +114,120 @@ def test_http_status_is_tensorflow_serving_mapping():
     assert HTTP_STATUS["NOT_FOUND"] == 404 and HTTP_STATUS["RESOURCE_EXHAUSTED"] == 429
     assert HTTP_STATUS["UNAVAILABLE"] == 503 and HTTP_STATUS["DEADLINE_EXCEEDED"] == 504
     assert HTTP_STATUS["UNIMPLEMENTED"] == 501 and HTTP_STATUS["INTERNAL"] == 500
+
+
+# -- review fixes -----------------------------------------------------------------------------------------
+
+
+def test_parse_refuses_lone_surrogates_naming_where_they_are():
+    # orjson refuses them; the standard library (the fallback for NaN/Infinity) would let them in
+    for body, where in (
+        (b'{"inputs": "\\ud800", "x": NaN}', "the string at inputs "),
+        (b'{"id": "\\udfff", "inputs": [{"name": "s", "data": ["ok"]}]}', "the string at id "),
+        (b'{"inputs": [{"name": "s", "data": ["ok", "a\\ud800b"]}]}', "the string at inputs[0].data[1] "),
+        (b'{"examples": [{"\\ud800": 1.0}]}', "the key '\\ud800' of examples[0] "),
+        (b'{"examples": [{"a b": "\\udc00"}]}', "the string at examples[0]['a b'] "),
+    ):
+        with pytest.raises(InvalidArgument) as e:
+            codec.parse(body)
+        assert where in e.value.message and "is not valid Unicode" in e.value.message, e.value.message
+        assert "lone surrogate" in e.value.message
+    # a surrogate pair is one character, and an escaped backslash before "ud800" no surrogate at all
+    assert codec.parse(b'{"id": "\\ud83d\\ude00", "x": NaN}')["id"] == "\U0001f600"
+    assert codec.parse(b'{"id": "\\\\ud800", "x": NaN}')["id"] == "\\ud800"
+
+
+def test_parse_refuses_numbers_beyond_a_double():
+    with pytest.raises(InvalidArgument, match="the number 1e400 is beyond the range of a 64-bit float"):
+        codec.parse(b'{"instances": [1e400]}')
+    with pytest.raises(InvalidArgument, match=r"-1E\+999 is beyond"):
+        codec.parse(b'{"instances": [NaN, -1E+999]}')
+    assert codec.parse(b'{"instances": [1e300, -Infinity, 1e-400]}')["instances"] == [1e300, float("-inf"), 0.0]
+
+
+@pytest.mark.parametrize(
+    ("value", "dtype", "words"),
+    [
+        ([1.0, 100000], np.float16, "inputs[1] = 100000 to float16 without loss of precision"),
+        ([2049], np.float16, "inputs[0] = 2049 to float16 without loss of precision"),
+        ([100000.0], np.float16, "inputs[0] = 100000.0 to float16 without loss of precision (out of its range)"),
+        ([16777217], ml_dtypes.bfloat16, "inputs[0] = 16777217 to bfloat16 without loss of precision"),
+        ([257], ml_dtypes.bfloat16, "inputs[0] = 257 to bfloat16 without loss of precision"),
+        ([1.0, 1e39], ml_dtypes.bfloat16, "inputs[1] = 1e+39 to bfloat16 without loss of precision (out of its range)"),
+        ([-1, 2**64 - 1], np.float32, "inputs[1] = 18446744073709551615 to float32 without loss of precision"),
+        ([1.5, 16777217], np.float32, "inputs[1] = 16777217 to float32 without loss of precision"),
+        ([[0.5, -(2**70)]], np.float64, "inputs[0][1] = -1180591620717411303424 to float64 without loss"),
+    ],
+)
+def test_every_float_dtype_refuses_what_it_cannot_hold(value, dtype, words):
+    assert words in refused(value, dtype)
+
+
+def test_half_precision_floats_take_what_they_hold():
+    assert to_array([2047, -2047, 0.1, 65504.0], np.float16).tolist() == [2047, -2047, np.float16(0.1), 65504]
+    assert to_array([255, 1.5, 3e38], ml_dtypes.bfloat16).astype(np.float32).tolist() == [
+        255,
+        1.5,
+        float(np.float32(ml_dtypes.bfloat16(3e38))),
+    ]
+    assert to_array([1.5, 16777215], np.float32).tolist() == [1.5, 16777215.0]
+    assert np.isinf(to_array([float("inf")], np.float16)).all()  # Infinity as the client wrote it
+
+
+def test_lists_nested_deeper_than_a_tensor_can_be():
+    deep = 1.0
+    for _ in range(100):
+        deep = [deep]
+    message = refused(deep)
+    assert "inputs is nested 100 levels deep; a tensor has at most 64 dimensions" in message
+    assert "integer" not in message
+    ok = 1
+    for _ in range(64):
+        ok = [ok]
+    assert to_array(ok).ndim == 64
+
+
+def test_payload_bytes_counts_strings_not_pointers():
+    from server.rest import OFFLOAD_BYTES, payload_bytes
+
+    assert payload_bytes([np.zeros(10, np.float32), np.zeros(3, np.int64)]) == 64
+    strings = np.empty(100, object)
+    strings[:] = [b"x" * 1000] * 100
+    assert payload_bytes([strings]) == 100_000  # not 800, the pointers' bytes
+    many = np.empty(100_000, object)
+    many[:] = [b"ab"] * 100_000
+    assert payload_bytes([many]) >= OFFLOAD_BYTES  # many strings: large, without summing them
+    assert payload_bytes([b"abc"]) == 3  # a 0-d string fetched as bytes
+
+
+@pytest.mark.parametrize(
+    ("accept", "coding"),
+    [
+        ("gzip", "gzip"),
+        ("gzip, deflate", "deflate"),
+        ("gzip;q=0", None),
+        ("gzip; q=0.0, identity", None),
+        ("deflate;q=0, gzip", "gzip"),
+        ("gzip;q=1, deflate;q=0.5", "gzip"),
+        ("x-gzip", "gzip"),
+        ("GZIP;Q=0.3", "gzip"),
+        ("br, identity", None),
+        ("", None),
+        ("gzip;q=abc", None),
+    ],
+)
+def test_answer_coding_honours_q_values(accept, coding):
+    from aiohttp.test_utils import make_mocked_request
+
+    from server.rest import answer_coding
+
+    found = answer_coding(make_mocked_request("POST", "/", headers={"Accept-Encoding": accept}))
+    assert (found.value if found else None) == coding
+
+
+def test_too_large_says_more_than_the_limit():
+    from server.rest import too_large
+
+    error = too_large("the request body has 5019 bytes, more than", 4096)
+    assert error.message == "the request body has 5019 bytes, more than the limit of 4096 bytes (--max_message_bytes)"
+    assert status_of(error) == 413

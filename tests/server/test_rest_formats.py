@@ -180,3 +180,55 @@ def test_outputs_json_and_binary():
         rest_v2.encode_outputs({"c": np.zeros(1, np.complex64)}, {}, False, [])
     with pytest.raises(InvalidArgument, match="not UTF-8"):
         rest_v2.encode_outputs({"t": np.array([b"\xff"], object)}, {}, False, [])
+
+
+# -- review fixes -----------------------------------------------------------------------------------------
+
+
+def test_versions_of_thousands_of_digits_are_refused_not_converted():
+    from aiohttp.test_utils import make_mocked_request
+
+    from server.rest_tfserving import PREDICT_PATH, STATUS_PATH, _spec
+
+    digits = "1" + "0" * 5000  # int() refuses more than 4300 digits: ValueError, once a 500
+    for match in (PREDICT_PATH.fullmatch(f"/v1/models/m/versions/{digits}:predict"),
+                  STATUS_PATH.fullmatch(f"/v1/models/m/versions/{digits}")):  # fmt: skip
+        with pytest.raises(InvalidArgument) as e:
+            _spec(match)
+        assert "Failed to convert version: 10000000000000000000...(5001 digits)" in e.value.message
+    assert _spec(PREDICT_PATH.fullmatch("/v1/models/m/versions/9223372036854775807:predict"))[1] == 2**63 - 1
+    for text in (digits, "9223372036854775808", "\u00b9"):
+        request = make_mocked_request("GET", "/v2/models/m/versions/x", match_info={"version": text})
+        with pytest.raises(InvalidArgument, match="is not a version number"):
+            rest_v2._version(request)
+    assert rest_v2._version(make_mocked_request("GET", "/", match_info={"version": "0042"})) == 42
+
+
+def test_strings_nested_deeper_than_a_tensor_can_be():
+    deep = "a"
+    for _ in range(70):
+        deep = [deep]
+    message = refused({"instances": deep}, {"s": S})
+    assert "instances is nested 70 levels deep; a tensor has at most 64 dimensions" in message
+
+
+def test_examples_become_serialized_tensor_and_results_json():
+    from tensorflow.core.example import example_pb2
+
+    from server.rest_tfserving import encode_results, serialized_examples
+
+    tensor = serialized_examples({"context": {"c": 1}, "examples": [{"f": 1.5}, {"f": [2.0, 3.0]}]})
+    assert tensor.dtype == object and tensor.shape == (2,)
+    merged = example_pb2.Example.FromString(tensor[1]).features.feature  # the context's bytes, then the example's
+    assert merged["c"].int64_list.value == [1] and merged["f"].float_list.value == [2.0, 3.0]
+    regress = encode_results("regress", {"outputs": np.array([[0.2], [3.0]], np.float32)}, 2, "w")
+    assert json.loads(regress) == {"results": [0.2, 3.0]}
+    classify = encode_results(
+        "classify",
+        {"classes": np.array([[b"a", b"b"]], object), "scores": np.array([[0.25, np.inf]], np.float32)},
+        1,
+        "w",
+    )
+    assert classify == b'{"results":[[["a",0.25],["b",Infinity]]]}'
+    with pytest.raises(InvalidArgument, match="output 'outputs' has batch size 1"):
+        encode_results("regress", {"outputs": np.zeros(1, np.float32)}, 2, "w")
