@@ -27,7 +27,7 @@ from loader.manager import AVAILABLE, LOADING, UNLOADING
 from protos.inference import grpc_service_pb2 as pb
 from protos.inference import grpc_service_pb2_grpc as pb_grpc
 from server import tensors, v2_config, v2_stats, v2_types
-from server.core import REQUEST, RequestInfo, ServingCore, checked_priority
+from server.core import DEFAULT_SIGNATURE, REQUEST, RequestInfo, ServingCore, checked_priority
 from server.rpc import check_answer_size, record, request_info, rpc
 from server.shared_memory import NO_CUDA_MEMORY
 from server.v2_config import PLATFORM
@@ -95,14 +95,15 @@ class KServeService(pb_grpc.GRPCInferenceServiceServicer):
         if not request.name:
             raise InvalidArgument("name is empty: name the model to ask about")
         served = self.core.resolve(request.name, version)
-        sig = self.core.signature(served, "")
+        # A model without serving_default serves all the same (ModelReady says so): no inputs or outputs to list.
+        sig = served.servable.model.signatures.get(DEFAULT_SIGNATURE)
         available = [sv.version for sv in self.core.manager.statuses(served.name) if sv.state == AVAILABLE]
         return pb.ModelMetadataResponse(
             name=served.name,
             versions=[str(v) for v in available],
             platform=PLATFORM,
-            inputs=[_tensor_metadata(alias, spec) for alias, spec in sorted(sig.inputs.items())],
-            outputs=[_tensor_metadata(alias, sig.outputs[alias]) for alias in sig.output_aliases],
+            inputs=[_tensor_metadata(alias, spec) for alias, spec in sorted(sig.inputs.items())] if sig else [],
+            outputs=[_tensor_metadata(alias, sig.outputs[alias]) for alias in sig.output_aliases] if sig else [],
         )
 
     @rpc

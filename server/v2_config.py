@@ -2,7 +2,8 @@
 tritonclient's ``get_model_config`` over gRPC (``ModelConfig``) and REST (``GET /v2/models/{name}/config``).
 
 Built from what servex serves, not read from a file: the platform (``tensorflow_savedmodel``), the version policy
-of the model's config, the ``serving_default`` signature's inputs and outputs, and batching. As in Triton,
+of the model's config, the ``serving_default`` signature's inputs and outputs (none for a model without that
+signature), and batching. As in Triton,
 ``max_batch_size`` > 0 means the 0th dimension is the batch and ``dims`` leave it out: servex says so when
 batching is on for the model and every input and output has an unknown 0th dimension; otherwise
 ``max_batch_size`` is 0 and ``dims`` are the whole shapes (-1: any size; [-1] for a tensor of unknown rank).
@@ -14,21 +15,27 @@ from __future__ import annotations
 
 from loader.config import VersionPolicy
 from server import v2_types
-from server.core import ServingCore
+from server.core import DEFAULT_SIGNATURE, ServingCore
 
 PLATFORM = "tensorflow_savedmodel"
 
 
 def model_config(core: ServingCore, name: str, version: int | None) -> dict:
     served = core.resolve(name, version)
-    sig = core.signature(served, "")
+    # A model without serving_default (what a v2 call runs unless it names another signature) serves all the
+    # same: it is described with no inputs or outputs, as its metadata is.
+    sig = served.servable.model.signatures.get(DEFAULT_SIGNATURE)
     handler = core.run_handler
     # The version's own batching parameters (batching_params.pbtxt) when batching is on and it has them.
     batching = handler.batching and (getattr(served.servable, "batching", None) or handler.batching)
-    inputs = sorted(sig.inputs.items())
-    outputs = [(alias, sig.outputs[alias]) for alias in sig.output_aliases]
-    batched = batching is not None and all(
-        spec.shape is not None and len(spec.shape) > 0 and spec.shape[0] is None for _, spec in inputs + outputs
+    inputs = sorted(sig.inputs.items()) if sig is not None else []
+    outputs = [(alias, sig.outputs[alias]) for alias in sig.output_aliases] if sig is not None else []
+    batched = (
+        sig is not None
+        and batching is not None
+        and all(
+            spec.shape is not None and len(spec.shape) > 0 and spec.shape[0] is None for _, spec in inputs + outputs
+        )
     )
     config = {
         "name": served.name,

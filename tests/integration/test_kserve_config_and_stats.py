@@ -22,7 +22,7 @@ from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import HALF_PLUS_TWO_TF2, TESTDATA
+from tests.conftest import COUNTER, HALF_PLUS_TWO_TF2, TESTDATA
 from tests.integration.daemon import Daemon
 from tests.integration.test_kserve_grpc import export_strings
 
@@ -270,3 +270,20 @@ def test_tensorflow_serving_predict_calls_count_their_decoding_and_encoding_too(
     for what in ("success", "compute_input", "compute_infer", "compute_output"):
         assert int(figures[what]["count"]) == 2, what  # the gRPC call and the REST one
         assert int(figures[what]["ns"]) > 0, what
+
+
+def test_a_model_without_serving_default_is_described_with_no_tensors(tmp_path_factory):
+    # saved_model_counter has only named signatures (incr_counter, get_counter, ...): it is ready, and its
+    # metadata and config say so instead of failing the way a malformed request would.
+    args = [f"--model_base_path={COUNTER}", "--model_name=counter"]
+    daemon = Daemon(args, tmp_path_factory.mktemp("servex"), rest=True).wait_serving()
+    try:
+        with triton.InferenceServerClient(daemon.address) as client:
+            assert client.is_model_ready("counter")
+            metadata = client.get_model_metadata("counter", as_json=True)
+            assert metadata["name"] == "counter" and "inputs" not in metadata and "outputs" not in metadata
+        for config in (grpc_config(daemon, "counter"), http_config(daemon, "counter")):
+            assert config["name"] == "counter" and config.get("max_batch_size", 0) == 0
+            assert not config.get("input") and not config.get("output")
+    finally:
+        daemon.stop()
