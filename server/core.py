@@ -72,7 +72,7 @@ class RequestInfo:
     """What the protocol adapter knows of the current call (its priority and deadline) and what the core learns
     (the version and signature that ran), shared through a context variable for scheduling and metrics."""
 
-    __slots__ = ("priority", "deadline", "version", "signature", "compute_input", "compute_output")
+    __slots__ = ("priority", "deadline", "version", "signature", "compute_input", "compute_output", "answer_bytes")
 
     def __init__(self, priority: int = 0, deadline: float | None = None):
         self.priority = priority
@@ -81,6 +81,7 @@ class RequestInfo:
         self.signature = ""
         self.compute_input = 0.0  # seconds the adapter took to decode the request's tensors (0: not timed)
         self.compute_output = 0.0  # seconds it took to encode the answer's tensors
+        self.answer_bytes: int | None = None  # an upper bound on the answer's size, when the adapter knows one
 
 
 MIN_PRIORITY, MAX_PRIORITY = -100, 100  # bounded: priorities are scheduler levels and metric label values

@@ -49,6 +49,7 @@ class GraphExecutorService(graph_executor_pb2_grpc.GraphExecutorServicer):
         response.model.name = result.model_name
         response.model.version = result.version
         raw = request.tensor_content_outputs
+        REQUEST.get().answer_bytes = tensors.answer_bound(result.outputs)
         await tensors.off_loop(tensors.output_elements(result.outputs, raw), _encode, response, result.outputs, raw)
         return response
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from importlib import metadata
 
@@ -133,11 +132,13 @@ class KServeService(pb_grpc.GRPCInferenceServiceServicer):
         started = time.perf_counter()
         shared = self.core.shared_memory
         decode = v2_types.decode_infer_inputs
-        if request.raw_input_contents:  # arrays over the request's bytes (BYTES aside): nothing to hand off
+        # Raw fixed-size inputs are arrays over the request's bytes (cost 0); typed contents, BYTES and shared
+        # memory are walked or copied: large ones decode off the event loop.
+        cost = v2_types.decode_cost(request.inputs)
+        if cost < tensors.OFF_LOOP_ELEMENTS:
             inputs, raw = decode(request.inputs, request.raw_input_contents, shared)
-        else:  # typed contents (or shared memory): large ones decode off the event loop
-            typed = sum(math.prod(tensor.shape) for tensor in request.inputs)
-            inputs, raw = await tensors.off_loop(typed, decode, request.inputs, request.raw_input_contents, shared)
+        else:
+            inputs, raw = await asyncio.to_thread(decode, request.inputs, request.raw_input_contents, shared)
         info.compute_input = time.perf_counter() - started
         requested, classes, places = [], {}, {}
         for out in request.outputs:
@@ -152,6 +153,7 @@ class KServeService(pb_grpc.GRPCInferenceServiceServicer):
         response = pb.ModelInferResponse(model_name=result.model_name, model_version=str(result.version))
         response.id = request.id
         outputs = v2_types.classified(result.outputs, classes)
+        info.answer_bytes = tensors.answer_bound(outputs.values())
         if raw and all(array.dtype.kind != "O" for array in outputs.values()):  # one copy of each array's bytes
             v2_types.fill_infer_outputs(response, outputs, raw, shared, places)
         else:  # typed values or strings, element by element: large ones encode off the event loop
@@ -170,7 +172,9 @@ class KServeService(pb_grpc.GRPCInferenceServiceServicer):
                 info = request_info(context)
                 REQUEST.set(info)
                 answer = pb.ModelStreamInferResponse(infer_response=await self._infer(request))
-                check_answer_size(answer, self.max_tensor_bytes, "ModelStreamInfer")
+                limit = self.max_tensor_bytes
+                if limit is not None and (info.answer_bytes is None or info.answer_bytes > limit):
+                    check_answer_size(answer, limit, "ModelStreamInfer")
             except ServingError as e:
                 code = e.code
                 answer = pb.ModelStreamInferResponse(error_message=f"{e.code}: {e.message}")

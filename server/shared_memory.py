@@ -15,10 +15,11 @@ The memory belongs to the client, which may shrink it at any time, so it is neve
 the end of its file kills the process with SIGBUS. Each region keeps its file open from register to unregister;
 inputs are read with ``preadv`` (a short read means the memory shrank: INVALID_ARGUMENT naming the region) and
 outputs written with ``pwrite`` once ``fstat`` shows the memory still holds the bytes they go to, so a write
-never grows the file past the registered range. Arrays decoded from an input own their copy and outlive the
-region. The registry is used from the event loop and from worker threads (large REST bodies): a lock guards the
-regions, and each read or write works on its own duplicate of the region's descriptor, so unregistering a region
-meanwhile cannot close the file under it.
+never grows the file past the registered range (a client that shrinks it between that check and the write gets
+it grown back to the end of the write, within the range: nothing worse). Arrays decoded from an input own their
+copy and outlive the region. The registry is used from the event loop and from worker threads (large bodies):
+a lock guards the regions, and each read or write works on its own duplicate of the region's descriptor, so
+unregistering a region meanwhile cannot close the file under it. At most ``MAX_REGIONS`` are registered at once.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ NO_CUDA_MEMORY = (
     "(/dev/shm) instead"
 )
 ALIGNMENT = 64  # bytes: inputs read from shared memory start on a boundary TensorFlow can use without a copy
+MAX_REGIONS = 256  # each keeps a file open: a client registering without end would exhaust the descriptors
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,11 @@ class SharedMemoryRegistry:
             with self._lock:
                 if name in self._regions:
                     raise AlreadyExists(f"shared memory region {name!r} is already registered; unregister it first")
+                if len(self._regions) >= MAX_REGIONS:
+                    raise ResourceExhausted(
+                        f"{len(self._regions)} shared memory regions are registered, the most servex keeps (each "
+                        f"holds a file open); unregister some first"
+                    )
                 self._regions[name] = Region(name, key, offset, byte_size, fd)
         except BaseException:
             os.close(fd)

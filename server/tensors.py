@@ -62,10 +62,32 @@ async def off_loop(elements: int, fn, *args, threshold: int = OFF_LOOP_ELEMENTS)
 
 
 def typed_elements(proto: tensor_pb2.TensorProto) -> int:
-    """How many elements a request tensor carries in typed fields (0 for ``tensor_content``, read in place)."""
-    if proto.tensor_content:
-        return 0
-    return math.prod(d.size for d in proto.tensor_shape.dim) if proto.tensor_shape.dim else 1
+    """How many values a request tensor carries in its typed field: what decoding walks one by one (0 for
+    ``tensor_content``, read in place). Counted, not multiplied out of the shape: the shape is not checked yet,
+    and a message can hold tens of thousands of huge dimensions; nor is ``tensor_content`` touched, which would
+    copy it."""
+    codec = _CODECS.get(proto.dtype)
+    return len(getattr(proto, codec[1])) if codec is not None else 0
+
+
+TYPED_BYTES_PER_ELEMENT = 10  # the most a typed value takes in a message (a varint; a float takes 4)
+STRING_SAMPLE = 1024  # string elements whose lengths are summed exactly; beyond, the answer's size is unknown
+
+
+def answer_bound(arrays) -> int | None:
+    """An upper bound on the bytes ``arrays`` take in an answer, typed or raw, from their sizes alone; None
+    when it cannot be had cheaply (many strings). Lets the adapters skip serializing an answer a second time
+    just to learn that it is under --max_message_bytes."""
+    total = 0
+    for array in arrays:
+        if array.dtype.kind in "OSU":
+            if array.size > STRING_SAMPLE:
+                return None
+            total += sum(len(v) + 16 for v in array.ravel().tolist())
+        else:
+            total += array.size * max(TYPED_BYTES_PER_ELEMENT, array.dtype.itemsize) + 16 * array.ndim
+        total += 64  # the tensor's name, dtype and shape fields
+    return total
 
 
 def output_elements(arrays, tensor_content: bool = False) -> int:
@@ -189,7 +211,7 @@ def _decoded_bytes(proto: tensor_pb2.TensorProto, count: int, dtype: np.dtype) -
         return count * dtype.itemsize
     values = proto.string_val
     if not values or count <= len(values):  # every element sent: the message itself bounds them
-        return count * STRING_ELEMENT_BYTES
+        return count * dtype.itemsize
     sent = sum(map(len, values))
     return sent + len(values) * STRING_ELEMENT_BYTES + (count - len(values)) * (len(values[-1]) + STRING_ELEMENT_BYTES)
 

@@ -58,6 +58,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
         response.model_spec.version.value = result.version
         response.model_spec.signature_name = result.signature_name
         raw = self.tensor_content_outputs
+        info.answer_bytes = tensors.answer_bound(result.outputs.values())
         await tensors.off_loop(tensors.output_elements(result.outputs.values(), raw), _encode, response, result, raw)
         info.compute_output = time.perf_counter() - started
         return response
@@ -176,6 +177,7 @@ class SessionService:
         response.model_spec.version.value = result.version
         response.model_spec.signature_name = spec.signature_name
         raw = self.tensor_content_outputs
+        REQUEST.get().answer_bytes = tensors.answer_bound(result.outputs)
         await tensors.off_loop(
             tensors.output_elements(result.outputs, raw), _session_answer, response, request.fetch, result, raw
         )

@@ -16,7 +16,7 @@ import ml_dtypes
 import numpy as np
 
 from loader.errors import FailedPrecondition, InvalidArgument
-from server.tensors import check_shape, extend_in_chunks
+from server.tensors import MAX_DIMS, check_shape, extend_in_chunks
 
 BYTES = "BYTES"
 
@@ -276,6 +276,23 @@ def shared_memory_place(parameters, tensor: str) -> tuple[str, int, int]:
     if "shared_memory_offset" in parameters:
         offset = integer_parameter(parameters["shared_memory_offset"], "shared_memory_offset", "bytes")
     return region.string_param, offset, size
+
+
+def decode_cost(inputs) -> int:
+    """What decoding a ModelInferRequest's ``inputs`` walks one element at a time, in elements: typed contents
+    (the values sent) and BYTES (the elements of the shape); shared memory counts as large (a copy of the
+    region). Raw fixed-size inputs cost nothing: they become arrays over the request's bytes. Never multiplies
+    out a shape of more than 64 dimensions (not checked yet: that product alone could take seconds)."""
+    cost = 0
+    for tensor in inputs:
+        typed = sum(len(values) for _, values in tensor.contents.ListFields())
+        if typed:
+            cost += typed
+        elif SHARED_MEMORY_REGION in tensor.parameters:
+            cost += 1 << 62
+        elif tensor.datatype == BYTES:  # raw: length-prefixed elements, read one by one
+            cost += math.prod(tensor.shape) if len(tensor.shape) <= MAX_DIMS else 0
+    return cost
 
 
 def decode_infer_inputs(inputs, raw_input_contents, shared) -> tuple[dict[str, np.ndarray], bool]:

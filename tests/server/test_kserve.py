@@ -13,7 +13,7 @@ from tritonclient.grpc import InferInput, service_pb2
 from tritonclient.utils import deserialize_bytes_tensor
 
 from loader.errors import FailedPrecondition, InvalidArgument, NotFound
-from server import v2_types
+from server import tensors, v2_types
 from server.shared_memory import SharedMemoryRegistry
 
 Request = service_pb2.ModelInferRequest
@@ -161,6 +161,21 @@ def test_shape_no_array_can_have_is_invalid(shape):
         request.raw_input_contents[0] = np.zeros(1, np.float32).tobytes()
     with pytest.raises(InvalidArgument, match="'a': shape .*(too large|65 dimensions)"):
         decode(request)
+
+
+def test_decode_cost_counts_what_decoding_walks():
+    raw = raw_request({"a": np.zeros((4, 3), np.float32)})
+    assert v2_types.decode_cost(raw.inputs) == 0  # an array over the request's bytes
+    strings = raw_request({"s": np.array([b"ab"] * 5, dtype=object)})
+    assert v2_types.decode_cost(strings.inputs) == 5  # BYTES: element by element
+    typed = Request(model_name="m")
+    typed_input(typed, "t", "FP32", [2**62] * 50_000, fp32_contents=[1.0, 2.0])  # the shape is not multiplied out
+    typed_input(typed, "u", "BYTES", [1] * 65, bytes_contents=[b"x"])
+    assert v2_types.decode_cost(typed.inputs) == 3
+    shared = Request(model_name="m")
+    tensor = shared.inputs.add(name="m", datatype="FP32", shape=[1])
+    tensor.parameters[v2_types.SHARED_MEMORY_REGION].string_param = "region"
+    assert v2_types.decode_cost(shared.inputs) >= tensors.OFF_LOOP_ELEMENTS  # a copy of the region
 
 
 def test_bool_bytes_other_than_0_and_1_are_invalid():

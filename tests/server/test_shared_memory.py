@@ -10,7 +10,8 @@ import re
 import numpy as np
 import pytest
 
-from loader.errors import AlreadyExists, InvalidArgument, NotFound
+from loader.errors import AlreadyExists, InvalidArgument, NotFound, ResourceExhausted
+from server import shared_memory
 from server.shared_memory import SharedMemoryRegistry
 
 
@@ -139,3 +140,14 @@ def test_a_region_keeps_its_file_open_until_it_is_unregistered(registry, tmp_pat
         with pytest.raises(InvalidArgument):
             registry.register("r", key, 0, size)
     assert open_files() == before
+
+
+def test_registrations_are_bounded_since_each_keeps_a_file_open(registry, monkeypatch):
+    monkeypatch.setattr(shared_memory, "MAX_REGIONS", 3)
+    for name in ("a", "b", "c"):
+        registry.register(name, "/mem", 0, 4)
+    with pytest.raises(ResourceExhausted, match="3 shared memory regions are registered, the most servex keeps"):
+        registry.register("d", "/mem", 0, 4)
+    registry.unregister("a")
+    registry.register("d", "/mem", 0, 4)  # room again
+    assert [r["name"] for r in registry.status()] == ["b", "c", "d"]
