@@ -9,6 +9,7 @@ from __future__ import annotations
 import glob
 import os
 import threading
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -86,6 +87,41 @@ def variable_checkpoint_keys(meta_graph: meta_graph_pb2.MetaGraphDef) -> dict[st
 
         keys.update(_keys_in({n.name: n for n in function.node_def}, _parse_function_ref, argument_variable))
     return keys
+
+
+VARIABLE_VALUE = ".ATTRIBUTES/VARIABLE_VALUE"
+
+
+def object_graph_keys(meta_graph: meta_graph_pb2.MetaGraphDef) -> dict[str, str]:
+    """TF2: map variable ops to checkpoint keys through the SavedModel's object graph, as TensorFlow's own object
+    loader restores them: a variable's key is the first path to it from the root, breadth first, in children
+    order (local names escaped as checkpoints escape them), and its op is the graph's variable op of that name.
+
+    The restore function usually says the same; this covers the variables it does not name. A Keras 3 model saved
+    with ``tf.saved_model.save`` serves from handles (``embedding/embeddings``) that its restore function never
+    assigns: it restores a second handle (``Variable``) instead, and TensorFlow's object loader, going by the
+    object graph, does not notice."""
+    objects = meta_graph.object_graph_def.nodes
+    if not objects:
+        return {}
+    ops = {}
+    for node in meta_graph.graph_def.node:
+        if node.op in VARIABLE_OPS:
+            ops.setdefault(node.attr["shared_name"].s.decode() or node.name, node.name)
+    found: dict[str, str] = {}
+    seen = {0}
+    queue = deque([(0, "")])
+    while queue:
+        index, path = queue.popleft()
+        node = objects[index]
+        if node.WhichOneof("kind") == "variable" and node.variable.name in ops:
+            found.setdefault(ops[node.variable.name], f"{path}/{VARIABLE_VALUE}")
+        for child in node.children:
+            if child.node_id not in seen and child.node_id < len(objects):
+                seen.add(child.node_id)
+                name = child.local_name.replace(".", "..").replace("/", ".S")
+                queue.append((child.node_id, f"{path}/{name}" if path else name))
+    return found
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from tensorflow.core.framework import types_pb2
 from tensorflow.core.protobuf import meta_graph_pb2
 from tensorflow.python.saved_model import loader_impl
 
-from loader.checkpoint import VARIABLE_OPS, Checkpoint, variable_checkpoint_keys
+from loader.checkpoint import VARIABLE_OPS, Checkpoint, object_graph_keys, variable_checkpoint_keys
 from loader.errors import LoadError
 from loader.variables import VariableHooks, VariableRecord, VariableStore
 
@@ -189,9 +189,13 @@ def load_saved_model(
 def _variable_records(graph: tf.Graph, meta_graph, path: str) -> tuple[dict[str, VariableRecord], Checkpoint | None]:
     """For each variable the saver restores: its checkpoint entry, and a placeholder/assign pair to set it."""
     keys = variable_checkpoint_keys(meta_graph)
-    if not keys:
+    by_object = object_graph_keys(meta_graph)
+    if not keys and not by_object:
         return {}, None
     checkpoint = Checkpoint(path)
+    for name, key in by_object.items():  # variables the restore function does not name (Keras 3 exports)
+        if name not in keys and key in checkpoint.entries:
+            keys[name] = key
     records = {}
     for i, (name, key) in enumerate(sorted(keys.items())):
         entry = checkpoint.entries.get(key)

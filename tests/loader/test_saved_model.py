@@ -251,3 +251,28 @@ def test_own_tf1_export_loads_and_runs(tmp_path):
         np.testing.assert_array_equal(y, [[1, 2, 3], [2, 0, -3]])
     finally:
         model.close()
+
+
+@pytest.mark.parametrize("lazy", [True, False], ids=["lazy", "eager"])
+def test_keras_model_saved_with_tf_saved_model_save_serves_its_trained_values(tmp_path, lazy):
+    # Keras 3 under tf.saved_model.save: the serving function reads handles (embedding/embeddings, ...) that the
+    # SavedModel's restore function never assigns (it restores other handles); TensorFlow's object loader goes by
+    # the object graph, and so must servex, or every call fails with "Could not find variable".
+    text = tf.keras.Input((), dtype=tf.string)
+    ids = tf.keras.layers.StringLookup(vocabulary=["a", "b", "c"])(text)
+    embedded = tf.keras.layers.Embedding(4, 3, embeddings_initializer="random_normal")(ids)
+    scores = tf.keras.layers.Dense(2)(tf.keras.layers.BatchNormalization()(embedded))
+    model = tf.keras.Model(text, scores)
+    path = tmp_path / "1"
+    tf.saved_model.save(model, str(path))
+    words = np.array([b"a", b"c", b"unknown"], dtype=object)
+    expected = tf.saved_model.load(str(path)).signatures["serving_default"](tf.constant(words))
+    expected = next(iter(expected.values())).numpy()
+    assert np.abs(expected).max() > 0  # trained (random) values, not zeros
+
+    loaded = load_saved_model(str(path), lazy_restore=lazy)
+    sig = loaded.signatures["serving_default"]
+    (feed,) = [spec.name for spec in sig.inputs.values()]
+    (fetch,) = [spec.name for spec in sig.outputs.values()]
+    (got,) = GraphExecutor(loaded).run({feed: words}, [fetch])
+    np.testing.assert_allclose(got, expected, rtol=1e-6)
