@@ -280,7 +280,7 @@ async def serve(settings: ServerSettings) -> int:
         hold_seconds=settings.result_hold_micros / 1e6,
         lower_priority_burst=settings.lower_priority_burst,
     )
-    core = ServingCore(manager, run_handler, settings.pin_signature_graphs)
+    core = ServingCore(manager, run_handler, settings.pin_signature_graphs, settings.max_message_bytes)
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
         PredictionService(core, settings.tensor_content_outputs, settings.max_message_bytes), server
     )

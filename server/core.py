@@ -120,12 +120,18 @@ class PredictResult:
 
 class ServingCore:
     def __init__(
-        self, manager: ModelManager[GraphExecutor], run_handler: RunHandler, pin_signature_graphs: bool = True
+        self,
+        manager: ModelManager[GraphExecutor],
+        run_handler: RunHandler,
+        pin_signature_graphs: bool = True,
+        max_tensor_bytes: int | None = None,
     ):
         self.manager = manager
         self.run_handler = run_handler
         self.pin_signature_graphs = pin_signature_graphs
-        self.shared_memory = SharedMemoryRegistry()  # Triton's system shared memory regions, every protocol's
+        # Triton's system shared memory regions, every protocol's; an input read from one is a decoded input
+        # tensor, bounded by --max_message_bytes as any other.
+        self.shared_memory = SharedMemoryRegistry(max_read_bytes=max_tensor_bytes)
         self._graph_labels: dict[str, set[str]] = {}
 
     # -- resolution ------------------------------------------------------------------------------------

@@ -61,14 +61,14 @@ def rpc(method):
             return answer
         except ServingError as e:
             code = e.code
-            await context.abort(getattr(grpc.StatusCode, e.code), bounded(e.message))
+            status, message = getattr(grpc.StatusCode, e.code), e.message
         except Exception as e:
             code = "INTERNAL"
             log.exception("%s failed", name)
-            message = f"internal error in {name}: {type(e).__name__}: {e}"
-            await context.abort(grpc.StatusCode.INTERNAL, bounded(message))
-        finally:
+            status, message = grpc.StatusCode.INTERNAL, f"internal error in {name}: {type(e).__name__}: {e}"
+        finally:  # counted before the caller hears back, so a client that then reads /metrics sees its call
             record(self.core, name, model, info, code, start)
+        await context.abort(status, bounded(message))
 
     return wrapper
 

@@ -62,8 +62,9 @@ class Region:
 
 
 class SharedMemoryRegistry:
-    def __init__(self, directory: Path = SHM_DIR):
+    def __init__(self, directory: Path = SHM_DIR, max_read_bytes: int | None = None):
         self.directory = directory
+        self.max_read_bytes = max_read_bytes  # the most one input may read (--max_message_bytes); None: no bound
         self._regions: dict[str, Region] = {}
         self._lock = threading.Lock()
 
@@ -132,6 +133,11 @@ class SharedMemoryRegistry:
         """A copy of the bytes of input ``tensor``: ``byte_size`` bytes at ``offset`` in ``region``, in a fresh
         buffer aligned to ``ALIGNMENT``. INVALID_ARGUMENT when the memory no longer holds them."""
         what = f"input {tensor!r}"
+        if self.max_read_bytes is not None and byte_size > self.max_read_bytes:
+            raise ResourceExhausted(
+                f"{what}: shared_memory_byte_size {byte_size} is more than the limit of {self.max_read_bytes} bytes "
+                f"for one input tensor (--max_message_bytes)"
+            )
         with self._use(region, offset, byte_size, what) as (r, fd):
             try:
                 raw = np.empty(byte_size + ALIGNMENT, np.uint8)

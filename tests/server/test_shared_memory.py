@@ -151,3 +151,12 @@ def test_registrations_are_bounded_since_each_keeps_a_file_open(registry, monkey
     registry.unregister("a")
     registry.register("d", "/mem", 0, 4)  # room again
     assert [r["name"] for r in registry.status()] == ["b", "c", "d"]
+
+
+def test_an_input_read_is_bounded_like_any_decoded_input(tmp_path):
+    (tmp_path / "mem").write_bytes(bytes(64))
+    registry = SharedMemoryRegistry(tmp_path, max_read_bytes=32)
+    registry.register("r", "/mem", 0, 64)  # a region may be larger than one input
+    assert len(registry.read("r", 0, 32, "x")) == 32
+    with pytest.raises(ResourceExhausted, match="input 'x': shared_memory_byte_size 48 is more than the limit of 32"):
+        registry.read("r", 0, 48, "x")
