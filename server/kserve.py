@@ -154,9 +154,9 @@ class KServeService(pb_grpc.GRPCInferenceServiceServicer):
         response.id = request.id
         outputs = v2_types.classified(result.outputs, classes)
         info.answer_bytes = tensors.answer_bound(outputs.values())
-        if raw and all(array.dtype.kind != "O" for array in outputs.values()):  # one copy of each array's bytes
+        if raw and not places and all(array.dtype.kind != "O" for array in outputs.values()):  # one copy each
             v2_types.fill_infer_outputs(response, outputs, raw, shared, places)
-        else:  # typed values or strings, element by element: large ones encode off the event loop
+        else:  # typed values, strings or shared memory writes: large ones encode off the event loop
             elements = sum(array.size for array in outputs.values())
             await tensors.off_loop(elements, v2_types.fill_infer_outputs, response, outputs, raw, shared, places)
         info.compute_output = time.perf_counter() - started

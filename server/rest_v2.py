@@ -71,6 +71,19 @@ def add_routes(app: web.Application, rest: Rest) -> None:
     route("POST", "/v2/repository/models/{name}/{action:load|unload}", "rest:v2_repository", repository)
 
 
+def _shared_bytes(doc) -> int:
+    """The bytes a request's inputs read from shared memory (each a copy): with the body's, what decides whether
+    they decode on a worker thread. A few hundred bytes of JSON may name a region of hundreds of MiB."""
+    inputs = doc.get("inputs") if isinstance(doc, dict) else None
+    total = 0
+    for tensor in inputs if isinstance(inputs, list) else ():
+        params = tensor.get("parameters") if isinstance(tensor, dict) else None
+        if isinstance(params, dict) and v2_types.SHARED_MEMORY_REGION in params:
+            size = params.get("shared_memory_byte_size")
+            total += size if isinstance(size, int) and size > 0 else 0
+    return total
+
+
 def _version(request: web.Request) -> int | None:
     text = request.match_info.get("version")
     if text is None:
@@ -237,7 +250,7 @@ async def infer(rest: Rest, request: web.Request, call: Call, info: RequestInfo)
     request_id, signature, binary_output, filters, classes, places = _parameters(doc, info)
     shared = rest.core.shared_memory
     started = time.perf_counter()
-    inputs = await offload(len(view), decode_inputs, doc, view[json_size:], shared)
+    inputs = await offload(len(view) + _shared_bytes(doc), decode_inputs, doc, view[json_size:], shared)
     del doc  # the parsed JSON takes many times the inputs' memory: gone before the run
     info.compute_input = time.perf_counter() - started
     result = await rest.core.predict(call.model, version, "", signature, inputs, list(filters), "outputs")

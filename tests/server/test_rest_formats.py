@@ -232,3 +232,12 @@ def test_examples_become_serialized_tensor_and_results_json():
     assert classify == b'{"results":[[["a",0.25],["b",Infinity]]]}'
     with pytest.raises(InvalidArgument, match="output 'outputs' has batch size 1"):
         encode_results("regress", {"outputs": np.zeros(1, np.float32)}, 2, "w")
+
+
+def test_inputs_read_from_shared_memory_count_toward_decoding_off_the_loop():
+    # A few hundred bytes of JSON can name a region of hundreds of MiB, copied when decoded: those bytes count.
+    region = {"shared_memory_region": "r", "shared_memory_byte_size": 256 << 20}
+    doc = {"inputs": [{"name": "a", "parameters": region}, {"name": "b", "data": [1]}, "odd", {"parameters": 3}]}
+    assert rest_v2._shared_bytes(doc) == 256 << 20
+    assert rest_v2._shared_bytes({"inputs": [{"parameters": {"shared_memory_region": "r"}}]}) == 0
+    assert rest_v2._shared_bytes([]) == 0
