@@ -135,10 +135,10 @@ class KServeService(pb_grpc.GRPCInferenceServiceServicer):
         # Raw fixed-size inputs are arrays over the request's bytes (cost 0); typed contents, BYTES and shared
         # memory are walked or copied: large ones decode off the event loop.
         cost = v2_types.decode_cost(request.inputs)
-        if cost < tensors.OFF_LOOP_ELEMENTS:
+        if cost < tensors.OFF_LOOP_ELEMENTS:  # the hot path: no coroutine of off_loop's
             inputs, raw = decode(request.inputs, request.raw_input_contents, shared)
         else:
-            inputs, raw = await asyncio.to_thread(decode, request.inputs, request.raw_input_contents, shared)
+            inputs, raw = await tensors.off_loop(cost, decode, request.inputs, request.raw_input_contents, shared)
         info.compute_input = time.perf_counter() - started
         requested, classes, places = [], {}, {}
         for out in request.outputs:

@@ -32,6 +32,7 @@ from aiohttp import http_exceptions, web
 from aiohttp.web import ContentCoding
 
 from loader.errors import InvalidArgument, ServingError
+from server import tensors
 from server.core import REQUEST, RequestInfo, ServingCore, priority_from_text
 from server.rpc import PRIORITY_METADATA, record
 
@@ -257,7 +258,9 @@ class Rest:
                 415,
             )
         # Off the loop whatever the compressed size: a small body may inflate to the whole limit.
-        return await asyncio.get_running_loop().run_in_executor(None, inflate, data, encoding, limit, reason)
+        return await asyncio.get_running_loop().run_in_executor(
+            tensors.REQUEST_WORK, inflate, data, encoding, limit, reason
+        )
 
     def check_json_size(self, size: int) -> None:
         """413 for a JSON document (the JSON part of a v2 body) over ``max_json_bytes``."""
@@ -292,11 +295,9 @@ def inflate(data: bytes, encoding: str, limit: int, reason: str = BODY_LIMIT_REA
 
 
 async def offload(size: int, fn, *args, threshold: int = OFFLOAD_BYTES):
-    """``fn(*args)``, on a worker thread when ``size`` (bytes it works on) is ``threshold`` or more, so the loop
-    keeps serving."""
-    if size < threshold:
-        return fn(*args)
-    return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+    """``fn(*args)``, on a worker thread (the requests' pool, ``tensors.REQUEST_WORK``) when ``size`` (bytes it
+    works on) is ``threshold`` or more, so the loop keeps serving."""
+    return await tensors.off_loop(size, fn, *args, threshold=threshold)
 
 
 class RestServer:

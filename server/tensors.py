@@ -12,7 +12,11 @@ read ``float_val`` directly expect; ``tensor_content`` when asked for (smaller a
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextvars
+import functools
 import math
+import os
 
 import ml_dtypes
 import numpy as np
@@ -53,12 +57,23 @@ OUTPUT_CHUNK = 1 << 20  # output elements turned into Python values at a time wh
 OFF_LOOP_ELEMENTS = 1 << 16
 
 
+# Requests' large decodes and encodes, every protocol's: a pool of their own, one thread per CPU. At most that
+# many run at once (so many large requests at once queue here rather than each holding its decoded copy in
+# memory together), and they never take the default executor's threads, which model polling and config reloads
+# use.
+REQUEST_WORK = concurrent.futures.ThreadPoolExecutor(
+    max_workers=max(2, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 2),
+    thread_name_prefix="servex-request-work",
+)
+
+
 async def off_loop(elements: int, fn, *args, threshold: int = OFF_LOOP_ELEMENTS):
-    """``fn(*args)``: inline for small work, on a worker thread (``asyncio.to_thread``, which keeps the call's
-    context) when ``elements`` reach ``threshold``."""
+    """``fn(*args)``: inline for small work, on the ``REQUEST_WORK`` pool when ``elements`` reach ``threshold``
+    (with the call's context, as ``asyncio.to_thread`` would)."""
     if elements < threshold:
         return fn(*args)
-    return await asyncio.to_thread(fn, *args)
+    call = functools.partial(contextvars.copy_context().run, fn, *args)
+    return await asyncio.get_running_loop().run_in_executor(REQUEST_WORK, call)
 
 
 def typed_elements(proto: tensor_pb2.TensorProto) -> int:
