@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from executor import GraphExecutor, LoadedClientGraph, client_graph_key
 from loader import InvalidArgument, ServingError, load_saved_model
-from tests.conftest import COUNTER, HALF_PLUS_TWO_TF1, HALF_PLUS_TWO_TF2
+from tests.conftest import COUNTER
 from transfer import H2DTransferExecutor, H2DTransferExecutorFactory, TransferFuture
 
 X = np.array([[1], [2], [5]], np.float32)
@@ -23,21 +23,6 @@ Y2 = np.array([[3.5], [4.0], [5.5]], np.float32)  # 0.5x + 3
 
 
 # -- models --------------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def half(testdata):
-    """TF1 half_plus_two: x:0 -> y:0 = 0.5x+2 (reads a, b), y2:0 = 0.5x+3; x2:0 -> y3:0 = 0.5x2+3."""
-    model = load_saved_model(str(HALF_PLUS_TWO_TF1 / "00000123"))
-    yield model
-    model.close()
-
-
-@pytest.fixture(scope="module")
-def half_tf2(testdata):
-    model = load_saved_model(str(HALF_PLUS_TWO_TF2 / "00000123"))
-    yield model
-    model.close()
 
 
 @pytest.fixture(scope="module")

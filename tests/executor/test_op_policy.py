@@ -14,7 +14,7 @@ from tensorflow.python.framework import op_def_registry
 from executor import GraphExecutor
 from executor.op_policy import STATE_CHANGING_OPS
 from loader import PermissionDenied, load_saved_model
-from tests.conftest import COUNTER, HALF_PLUS_TWO_TF1, HALF_PLUS_TWO_TF2
+from tests.conftest import COUNTER
 
 X = np.array([[1.0], [2.0]], np.float32)
 
@@ -44,20 +44,6 @@ def export_tf1(path: Path) -> Path:
 @pytest.fixture(scope="module")
 def tf1(tmp_path_factory):
     model = load_saved_model(str(export_tf1(tmp_path_factory.mktemp("tf1") / "1")))
-    yield model
-    model.close()
-
-
-@pytest.fixture(scope="module")
-def half(testdata):
-    model = load_saved_model(str(HALF_PLUS_TWO_TF1 / "00000123"))
-    yield model
-    model.close()
-
-
-@pytest.fixture(scope="module")
-def half_tf2(testdata):
-    model = load_saved_model(str(HALF_PLUS_TWO_TF2 / "00000123"))
     yield model
     model.close()
 

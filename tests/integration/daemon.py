@@ -119,6 +119,16 @@ def run_to_exit(args: list[str], timeout: float = START_TIMEOUT_S) -> subprocess
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
 
 
+def model_config_file(directory: Path, models: dict[str, Path | str]) -> Path:
+    """A TensorFlow Serving model config file in ``directory`` serving each name from its base path."""
+    entries = "".join(
+        f'  config {{ name: "{n}" base_path: "{p}" model_platform: "tensorflow" }}\n' for n, p in models.items()
+    )
+    path = directory / "models.config"
+    path.write_text(f"model_config_list {{\n{entries}}}\n")
+    return path
+
+
 def metric(daemon: Daemon, name: str, **labels: str) -> float:
     """The sum of the samples named ``name`` on the daemon's /metrics whose labels include ``labels``
     (parsed with prometheus_client's own parser)."""

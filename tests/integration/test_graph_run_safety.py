@@ -11,6 +11,7 @@ import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 from tests.conftest import COUNTER, HALF_PLUS_TWO_TF1, HALF_PLUS_TWO_TF2
+from tests.integration.daemon import model_config_file
 from tests.integration.test_graph_runs import expect_error, run, session_run
 
 X = np.array([[1.0], [2.0], [5.0]], np.float32)
@@ -19,12 +20,8 @@ DENIED = grpc.StatusCode.PERMISSION_DENIED
 
 @pytest.fixture(scope="module")
 def daemon(start_daemon, tmp_path_factory):
-    config = tmp_path_factory.mktemp("safety_config") / "models.config"
     models = {"half": HALF_PLUS_TWO_TF1, "half2": HALF_PLUS_TWO_TF2, "counter": COUNTER}
-    entries = "".join(
-        f'  config {{ name: "{n}" base_path: "{p}" model_platform: "tensorflow" }}\n' for n, p in models.items()
-    )
-    config.write_text(f"model_config_list {{\n{entries}}}\n")
+    config = model_config_file(tmp_path_factory.mktemp("safety_config"), models)
     return start_daemon(f"--model_config_file={config}")
 
 

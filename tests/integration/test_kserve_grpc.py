@@ -17,7 +17,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from tests.conftest import HALF_PLUS_TWO_TF1, HALF_PLUS_TWO_TF2
-from tests.integration.daemon import free_port, metric
+from tests.integration.daemon import free_port, metric, model_config_file
 
 # datatype -> (TensorFlow dtype, example values): the echo model takes one input of each and returns it
 TYPED = {
@@ -80,11 +80,7 @@ def models(tmp_path_factory, mlp_model):
 
 @pytest.fixture(scope="module")
 def served(models, start_daemon, tmp_path_factory):
-    config = tmp_path_factory.mktemp("kserve_config") / "models.config"
-    entries = "".join(
-        f'  config {{ name: "{n}" base_path: "{p}" model_platform: "tensorflow" }}\n' for n, p in models.items()
-    )
-    config.write_text(f"model_config_list {{\n{entries}}}\n")
+    config = model_config_file(tmp_path_factory.mktemp("kserve_config"), models)
     admin = free_port()
     daemon = start_daemon(f"--model_config_file={config}", f"--admin_port={admin}")
     return daemon, admin

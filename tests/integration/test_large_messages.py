@@ -18,7 +18,7 @@ from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from tests.conftest import HALF_PLUS_TWO_TF1
-from tests.integration.daemon import metric
+from tests.integration.daemon import metric, model_config_file
 from tests.integration.test_kserve_grpc import export_strings, infer_input
 
 LIMIT = 1 << 20
@@ -28,13 +28,7 @@ LIMIT = 1 << 20
 def daemon(start_daemon, tmp_path_factory):
     base = tmp_path_factory.mktemp("limits")
     export_strings(base / "strings")
-    config = base / "models.config"
-    config.write_text(
-        "model_config_list {\n"
-        f'  config {{ name: "half" base_path: "{HALF_PLUS_TWO_TF1}" model_platform: "tensorflow" }}\n'
-        f'  config {{ name: "strings" base_path: "{base / "strings"}" model_platform: "tensorflow" }}\n'
-        "}\n"
-    )
+    config = model_config_file(base, {"half": HALF_PLUS_TWO_TF1, "strings": base / "strings"})
     return start_daemon(f"--model_config_file={config}", f"--max_message_bytes={LIMIT}")
 
 

@@ -18,7 +18,7 @@ import pytest
 import tensorflow as tf
 
 from tests.conftest import COUNTER, HALF_PLUS_TWO_TF1
-from tests.integration.daemon import Daemon, metric
+from tests.integration.daemon import Daemon, metric, model_config_file
 
 
 @pytest.fixture(scope="session")
@@ -44,14 +44,8 @@ def dtypes_model(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory, dtypes_model):
-    config = tmp_path_factory.mktemp("config") / "models.config"
-    config.write_text(
-        "model_config_list {\n"
-        f'  config {{ name: "half" base_path: "{HALF_PLUS_TWO_TF1}" model_platform: "tensorflow" }}\n'
-        f'  config {{ name: "counter" base_path: "{COUNTER}" model_platform: "tensorflow" }}\n'
-        f'  config {{ name: "dt" base_path: "{dtypes_model}" model_platform: "tensorflow" }}\n'
-        "}\n"
-    )
+    models = {"half": HALF_PLUS_TWO_TF1, "counter": COUNTER, "dt": dtypes_model}
+    config = model_config_file(tmp_path_factory.mktemp("config"), models)
     # Two run workers: the good calls of the stall test never queue behind the large run itself.
     args = [f"--model_config_file={config}", "--num_run_workers=2"]
     daemon = Daemon(args, tmp_path_factory.mktemp("servex"), rest=True)

@@ -18,7 +18,7 @@ from tensorflow_serving.apis import (
 )
 
 from tests.conftest import HALF_PLUS_TWO_TF1, HALF_PLUS_TWO_TF2, TESTDATA
-from tests.integration.daemon import metric
+from tests.integration.daemon import metric, model_config_file
 
 CLASSIFY = "tensorflow/serving/classify"
 REGRESS = "tensorflow/serving/regress"
@@ -29,14 +29,8 @@ FLAVORS = ("tf1", "tf2")
 
 @pytest.fixture(scope="module")
 def daemon(start_daemon, tmp_path_factory):
-    config = tmp_path_factory.mktemp("config") / "models.config"
-    config.write_text(
-        "model_config_list {\n"
-        f'  config {{ name: "tf1" base_path: "{HALF_PLUS_TWO_TF1}" model_platform: "tensorflow" }}\n'
-        f'  config {{ name: "tf2" base_path: "{HALF_PLUS_TWO_TF2}" model_platform: "tensorflow" }}\n'
-        f'  config {{ name: "three" base_path: "{HALF_PLUS_THREE}" model_platform: "tensorflow" }}\n'
-        "}\n"
-    )
+    models = {"tf1": HALF_PLUS_TWO_TF1, "tf2": HALF_PLUS_TWO_TF2, "three": HALF_PLUS_THREE}
+    config = model_config_file(tmp_path_factory.mktemp("config"), models)
     return start_daemon(f"--model_config_file={config}")
 
 
