@@ -34,8 +34,7 @@ class GraphExecutorService(graph_executor_pb2_grpc.GraphExecutorServicer):
         name, version, label = model_ref(request.model)
         if request.priority:
             REQUEST.get().priority = checked_priority(request.priority, "RunRequest.priority")
-        typed = sum(tensors.typed_elements(proto) for proto in request.feeds.values())
-        feeds = await tensors.off_loop(typed, _decode, request.feeds, self.max_tensor_bytes)
+        feeds = await tensors.decode_all(request.feeds, self.max_tensor_bytes)
         result = await self.core.run_graph(
             name,
             version,
@@ -48,16 +47,7 @@ class GraphExecutorService(graph_executor_pb2_grpc.GraphExecutorServicer):
         response = graph_executor_pb2.RunResponse(client_graph_key=result.client_graph_key)
         response.model.name = result.model_name
         response.model.version = result.version
-        raw = request.tensor_content_outputs
         REQUEST.get().answer_bytes = tensors.answer_bound(result.outputs)
-        await tensors.off_loop(tensors.output_elements(result.outputs, raw), _encode, response, result.outputs, raw)
+        pairs = [(response.outputs.add(), value) for value in result.outputs]
+        await tensors.fill_all(pairs, request.tensor_content_outputs)
         return response
-
-
-def _decode(protos, limit: int | None) -> dict:
-    return {name: tensors.to_ndarray(proto, name, limit) for name, proto in protos.items()}
-
-
-def _encode(response: graph_executor_pb2.RunResponse, outputs, tensor_content: bool) -> None:
-    for value in outputs:
-        tensors.fill_proto(response.outputs.add(), value, tensor_content)

@@ -76,6 +76,29 @@ async def off_loop(elements: int, fn, *args, threshold: int = OFF_LOOP_ELEMENTS)
     return await asyncio.get_running_loop().run_in_executor(REQUEST_WORK, call)
 
 
+async def decode_all(protos, limit: int | None = None) -> dict[str, np.ndarray]:
+    """Request tensors by name (a map of TensorProtos), decoded with ``to_ndarray``; on the requests' pool when
+    their typed values are many."""
+    typed = sum(typed_elements(proto) for proto in protos.values())
+    return await off_loop(typed, _decode_all, protos, limit)
+
+
+def _decode_all(protos, limit: int | None) -> dict[str, np.ndarray]:
+    return {name: to_ndarray(proto, name, limit) for name, proto in protos.items()}
+
+
+async def fill_all(pairs: list[tuple[tensor_pb2.TensorProto, np.ndarray]], tensor_content: bool = False) -> None:
+    """``fill_proto`` each (fresh TensorProto, array) pair; on the requests' pool when that turns many values into
+    Python ones."""
+    elements = output_elements([array for _, array in pairs], tensor_content)
+    await off_loop(elements, _fill_all, pairs, tensor_content)
+
+
+def _fill_all(pairs, tensor_content: bool) -> None:
+    for proto, array in pairs:
+        fill_proto(proto, array, tensor_content)
+
+
 def typed_elements(proto: tensor_pb2.TensorProto) -> int:
     """How many values a request tensor carries in its typed field: what decoding walks one by one (0 for
     ``tensor_content``, read in place). Counted, not multiplied out of the shape: the shape is not checked yet,

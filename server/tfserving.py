@@ -46,8 +46,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
         spec = request.model_spec
         limit = self.max_tensor_bytes
         info, started = REQUEST.get(), time.perf_counter()
-        typed = sum(tensors.typed_elements(proto) for proto in request.inputs.values())
-        inputs = await tensors.off_loop(typed, _decode, request.inputs, limit)
+        inputs = await tensors.decode_all(request.inputs, limit)
         info.compute_input = time.perf_counter() - started
         result = await self.core.predict(
             spec.name, spec_version(spec), spec.version_label, spec.signature_name, inputs, request.output_filter
@@ -57,9 +56,9 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
         response.model_spec.name = result.model_name
         response.model_spec.version.value = result.version
         response.model_spec.signature_name = result.signature_name
-        raw = self.tensor_content_outputs
         info.answer_bytes = tensors.answer_bound(result.outputs.values())
-        await tensors.off_loop(tensors.output_elements(result.outputs.values(), raw), _encode, response, result, raw)
+        pairs = [(response.outputs[alias], value) for alias, value in result.outputs.items()]
+        await tensors.fill_all(pairs, self.tensor_content_outputs)
         info.compute_output = time.perf_counter() - started
         return response
 
@@ -139,15 +138,6 @@ class ModelService(model_service_pb2_grpc.ModelServiceServicer):
         return model_management_pb2.ReloadConfigResponse()
 
 
-def _decode(protos, limit: int | None) -> dict:
-    return {alias: tensors.to_ndarray(proto, alias, limit) for alias, proto in protos.items()}
-
-
-def _encode(response: predict_pb2.PredictResponse, result, tensor_content: bool) -> None:
-    for alias, value in result.outputs.items():
-        tensors.fill_proto(response.outputs[alias], value, tensor_content)
-
-
 class SessionService:
     """TensorFlow Serving's SessionService (tensorflow-serving-api ships its messages but no gRPC stubs)."""
 
@@ -161,8 +151,12 @@ class SessionService:
     @rpc
     async def SessionRun(self, request: session_service_pb2.SessionRunRequest, context):
         spec = request.model_spec
-        typed = sum(tensors.typed_elements(named.tensor) for named in request.feed)
-        feeds = await tensors.off_loop(typed, _session_feeds, request.feed, self.max_tensor_bytes)
+        protos = {}
+        for named in request.feed:
+            if named.name in protos:
+                raise InvalidArgument(f"feed names {named.name!r} twice")
+            protos[named.name] = named.tensor
+        feeds = await tensors.decode_all(protos, self.max_tensor_bytes)
         result = await self.core.run_graph(
             spec.name,
             spec_version(spec),
@@ -176,11 +170,12 @@ class SessionService:
         response.model_spec.name = result.model_name
         response.model_spec.version.value = result.version
         response.model_spec.signature_name = spec.signature_name
-        raw = self.tensor_content_outputs
         REQUEST.get().answer_bytes = tensors.answer_bound(result.outputs)
-        await tensors.off_loop(
-            tensors.output_elements(result.outputs, raw), _session_answer, response, request.fetch, result, raw
-        )
+        pairs = []
+        for name, value in zip(request.fetch, result.outputs, strict=True):
+            named = response.tensor.add(name=name)
+            pairs.append((named.tensor, value))
+        await tensors.fill_all(pairs, self.tensor_content_outputs)
         return response
 
     def add_to_server(self, server) -> None:
@@ -190,19 +185,3 @@ class SessionService:
             response_serializer=session_service_pb2.SessionRunResponse.SerializeToString,
         )
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(self.SERVICE, {"SessionRun": handler}),))
-
-
-def _session_feeds(feed, limit: int | None) -> dict:
-    feeds = {}
-    for named in feed:
-        if named.name in feeds:
-            raise InvalidArgument(f"feed names {named.name!r} twice")
-        feeds[named.name] = tensors.to_ndarray(named.tensor, named.name, limit)
-    return feeds
-
-
-def _session_answer(response, fetches, result, tensor_content: bool) -> None:
-    for name, value in zip(fetches, result.outputs, strict=True):
-        named = response.tensor.add()
-        named.name = name
-        tensors.fill_proto(named.tensor, value, tensor_content)
