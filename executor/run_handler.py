@@ -36,7 +36,8 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -65,9 +66,8 @@ class BatchingOptions:
     allowed_batch_sizes: tuple[int, ...] = ()  # padded up to the next one; the last must be max_batch_size
 
 
-@dataclass(frozen=True)
-class Ticket:
-    """What the scheduler needs to know of one request besides its work."""
+class Ticket(NamedTuple):
+    """What the scheduler needs to know of one request besides its work (a tuple: one is made per request)."""
 
     priority: int = 0
     deadline: float | None = None  # time.monotonic() by which it must have started
@@ -76,6 +76,9 @@ class Ticket:
     # Called once when the request leaves the scheduler: after its run, or when it is dropped, expired or refused.
     # The core releases the version's lease here, so a cancelled caller never unloads a version under a run.
     done: Callable[[], None] | None = None
+
+
+DEFAULT_TICKET = Ticket()
 
 
 def _deliver(future: asyncio.Future, ok: bool, value) -> None:
@@ -130,19 +133,23 @@ class _Outbox:
             _deliver(future, ok, value)
 
 
-@dataclass(eq=False)
 class _Item:
-    outbox: _Outbox
-    future: asyncio.Future
-    fn: Callable
-    args: tuple
-    ticket: Ticket
-    seq: int
-    enqueued: float
-    # batchable runs: the GraphExecutor-like object, feeds by tensor name, fetches, and the grouping key
-    batch_key: tuple | None = None
-    feeds: dict = field(default_factory=dict)
-    rows: int = 0
+    """One queued request: its work, where its answer goes, and (batchable runs) the GraphExecutor-like object,
+    feeds by tensor name and row count, grouped by ``batch_key``."""
+
+    __slots__ = ("outbox", "future", "fn", "args", "ticket", "seq", "enqueued", "batch_key", "feeds", "rows")
+
+    def __init__(self, outbox, future, fn, args, ticket, seq, enqueued, batch_key=None, feeds=None, rows=0):
+        self.outbox: _Outbox = outbox
+        self.future: asyncio.Future = future
+        self.fn: Callable = fn
+        self.args: tuple = args
+        self.ticket: Ticket = ticket
+        self.seq: int = seq
+        self.enqueued: float = enqueued
+        self.batch_key: tuple | None = batch_key
+        self.feeds: dict = feeds if feeds is not None else {}
+        self.rows: int = rows
 
 
 class RunHandler:
@@ -189,7 +196,7 @@ class RunHandler:
 
     # -- submitting ------------------------------------------------------------------------------------
 
-    def submit(self, fn: Callable, *args, ticket: Ticket = Ticket()) -> asyncio.Future:
+    def submit(self, fn: Callable, *args, ticket: Ticket = DEFAULT_TICKET) -> asyncio.Future:
         """Queue ``fn(*args)``; the returned future (on the running loop) completes with its result."""
         return self._enqueue(fn, args, ticket, None, {})
 

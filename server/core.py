@@ -13,6 +13,7 @@ import contextvars
 import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -110,8 +111,7 @@ def checked_priority(value: int, source: str) -> int:
 REQUEST: contextvars.ContextVar[RequestInfo] = contextvars.ContextVar("servex_request")
 
 
-@dataclass(frozen=True)
-class PredictResult:
+class PredictResult(NamedTuple):
     model_name: str
     version: int
     signature_name: str

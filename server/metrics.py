@@ -1,7 +1,7 @@
 """Request metrics and the Prometheus endpoint (prometheus_client's text exposition at /metrics).
 
-Label children are looked up once per (method, model, code) and kept, so a request pays a dict lookup and an
-observe, not a label resolution.
+Label children are looked up once per kind of call (method, model, version, signature, priority, code) and kept,
+so a request pays a dict lookup and an observe, not a label resolution.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ import logging
 
 import prometheus_client
 from prometheus_client import Counter, Histogram
+
+from executor.statistics import statistics
 
 log = logging.getLogger(__name__)
 prometheus_client.disable_created_metrics()  # the *_created gauges only add series nobody graphs
@@ -69,17 +71,38 @@ async def watch_loop_lag(interval: float = LAG_INTERVAL_SECONDS) -> None:
         EVENT_LOOP_LAG.observe(max(0.0, loop.time() - due))
 
 
-_children: dict[tuple, tuple] = {}
+class CallRecorder:
+    """What one kind of answered call updates (method, model, version, signature, priority and code): its
+    request counter and latency histogram children, and, for an inference, its version's Triton statistics.
+    Looked up once per kind and kept, so a request pays one dict lookup here."""
+
+    __slots__ = ("count", "latency", "stats", "ok")
+
+    def __init__(self, labels: tuple[str, str, str, str, str], code: str):
+        self.count = REQUESTS.labels(*labels, code)
+        self.latency = REQUEST_LATENCY.labels(*labels)
+        version = labels[2]  # set when a run was asked of that version: an inference, in Triton's statistics
+        self.stats = statistics(labels[1], version) if version else None
+        self.ok = code == "OK"
+
+    def __call__(self, seconds: float, decoding: float, encoding: float) -> None:
+        self.count.inc()
+        self.latency.observe(seconds)
+        if self.stats is not None:
+            self.stats.answered(self.ok, seconds, decoding, encoding)
 
 
-def observe(labels: tuple[str, str, str, str, str], code: str, seconds: float) -> None:
-    """Count and time one answered call; ``labels`` are method, model, version, signature, priority."""
-    key = (labels, code)
-    pair = _children.get(key)
-    if pair is None:
-        pair = _children[key] = (REQUESTS.labels(*labels, code), REQUEST_LATENCY.labels(*labels))
-    pair[0].inc()
-    pair[1].observe(seconds)
+_recorders: dict[tuple, CallRecorder] = {}
+
+
+def recorder(method: str, model: str, version: str, signature: str, priority: int, code: str) -> CallRecorder:
+    """The CallRecorder of one kind of call; ``model`` must be a served model's name or a shared placeholder,
+    so that clients cannot grow this cache (or the metrics) with made-up names."""
+    key = (method, model, version, signature, priority, code)
+    found = _recorders.get(key)
+    if found is None:
+        found = _recorders[key] = CallRecorder((method, model, version, signature, str(priority)), code)
+    return found
 
 
 def start_metrics_server(port: int, address: str):

@@ -7,10 +7,11 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from collections.abc import Callable
+from typing import Any
 
 import grpc
 
-from executor.statistics import statistics
 from loader.errors import ResourceExhausted, ServingError
 from server import metrics
 from server.core import REQUEST, RequestInfo, priority_from_text
@@ -38,6 +39,49 @@ def request_info(context) -> RequestInfo:
     return RequestInfo(priority, (time.monotonic() + remaining) if remaining is not None else None)
 
 
+_MODEL_NAME_OF: dict[type, Callable[[Any], str]] = {}
+
+
+def model_name(request) -> str:
+    """The model a request names, by its message type's field: TensorFlow Serving's ``model_spec`` (of its first
+    task, for MultiInference), servex's ``model`` (ModelRef), KServe v2's ``model_name``; "" when it has none."""
+    get = _MODEL_NAME_OF.get(type(request))
+    if get is None:
+        fields = request.DESCRIPTOR.fields_by_name
+        if "model_spec" in fields:
+            get = _model_spec_name
+        elif "model" in fields:
+            get = _model_ref_name
+        elif "tasks" in fields:
+            get = _first_task_name
+        elif "model_name" in fields:
+            get = _v2_model_name
+        else:
+            get = _no_name
+        _MODEL_NAME_OF[type(request)] = get
+    return get(request)
+
+
+def _model_spec_name(request) -> str:
+    return request.model_spec.name
+
+
+def _model_ref_name(request) -> str:
+    return request.model.name
+
+
+def _first_task_name(request) -> str:
+    return request.tasks[0].model_spec.name if request.tasks else ""
+
+
+def _v2_model_name(request) -> str:
+    return request.model_name
+
+
+def _no_name(request) -> str:
+    return ""
+
+
 def rpc(method):
     """Map ServingErrors to gRPC statuses and record the request's metrics."""
     name = method.__name__
@@ -45,10 +89,7 @@ def rpc(method):
     @functools.wraps(method)
     async def wrapper(self, request, context):
         start = time.perf_counter()
-        spec = getattr(request, "model_spec", None) or getattr(request, "model", None)
-        if spec is None and getattr(request, "tasks", None):  # MultiInference: every task names one model
-            spec = request.tasks[0].model_spec
-        model = spec.name if spec is not None else getattr(request, "model_name", "")  # KServe v2: model_name
+        model = model_name(request)
         code = "OK"
         info = RequestInfo()
         try:
@@ -105,8 +146,7 @@ def record(core, method: str, model: str, info: RequestInfo, code: str, start: f
     """Count and time one answered call (any protocol); models not served share one label, so a client cannot
     grow the metrics with made-up names."""
     label = model if core.is_served(model) else UNKNOWN_MODEL_LABEL
-    labels = (method, label, info.version, info.signature, str(info.priority))
     seconds = time.perf_counter() - start
-    metrics.observe(labels, code, seconds)
-    if info.version:  # a run was asked of that version: an inference, in Triton's statistics
-        statistics(label, info.version).answered(code == "OK", seconds, info.compute_input, info.compute_output)
+    metrics.recorder(method, label, info.version, info.signature, info.priority, code)(
+        seconds, info.compute_input, info.compute_output
+    )

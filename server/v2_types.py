@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import re
 import struct
+import sys
 
 import ml_dtypes
 import numpy as np
@@ -38,6 +39,9 @@ DTYPES: dict[str, np.dtype] = {
     BYTES: np.dtype(object),
 }
 _NAMES: dict[np.dtype, str] = {dtype: name for name, dtype in DTYPES.items()}
+_BIG_ENDIAN_HOST = sys.byteorder == "big"
+# v2 datatype -> the little-endian NumPy dtype its raw bytes are read as (fixed-size types)
+_WIRE_DTYPES: dict[str, np.dtype] = {name: d.newbyteorder("<") for name, d in DTYPES.items() if d.kind != "O"}
 
 
 def numpy_dtype(datatype: str, tensor: str) -> np.dtype:
@@ -78,7 +82,7 @@ def from_raw(raw: bytes | memoryview, datatype_: str, shape, tensor: str) -> np.
             f"input {tensor!r}: {len(raw)} raw bytes do not fit datatype {datatype_} shape {list(shape)}, "
             f"which takes {expected} bytes"
         )
-    array = np.frombuffer(raw, dtype=dtype.newbyteorder("<")).reshape(shape)
+    array = np.frombuffer(raw, dtype=_WIRE_DTYPES[datatype_]).reshape(shape)
     if dtype.kind == "b" and count and np.frombuffer(raw, np.uint8).max() > 1:
         bad = int(np.flatnonzero(np.frombuffer(raw, np.uint8) > 1)[0])
         raise InvalidArgument(
@@ -125,7 +129,9 @@ def to_raw(array: np.ndarray) -> bytes:
     """An output array as raw v2 bytes (little-endian, row-major; BYTES length-prefixed)."""
     if array.dtype.kind in "SUO":
         return encode_bytes(array)
-    return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
+    if array.dtype.byteorder == ">" or (_BIG_ENDIAN_HOST and array.dtype.byteorder == "="):
+        array = array.astype(array.dtype.newbyteorder("<"))
+    return array.tobytes()  # row-major, whatever the array's strides
 
 
 # -- the gRPC messages' tensors (ModelInferRequest / ModelInferResponse, any class with Triton's field names) ----
@@ -278,6 +284,13 @@ def shared_memory_place(parameters, tensor: str) -> tuple[str, int, int]:
     return region.string_param, offset, size
 
 
+def _typed_count(tensor) -> int:
+    """How many typed values an input carries in ``contents`` (0 when it has none: raw, the usual case)."""
+    if not tensor.HasField("contents"):
+        return 0
+    return sum(len(values) for _, values in tensor.contents.ListFields())
+
+
 def decode_cost(inputs) -> int:
     """What decoding a ModelInferRequest's ``inputs`` walks one element at a time, in elements: typed contents
     (the values sent) and BYTES (the elements of the shape); shared memory counts as large (a copy of the
@@ -285,7 +298,7 @@ def decode_cost(inputs) -> int:
     out a shape of more than 64 dimensions (not checked yet: that product alone could take seconds)."""
     cost = 0
     for tensor in inputs:
-        typed = sum(len(values) for _, values in tensor.contents.ListFields())
+        typed = _typed_count(tensor)
         if typed:
             cost += typed
         elif SHARED_MEMORY_REGION in tensor.parameters:
@@ -317,7 +330,7 @@ def decode_infer_inputs(inputs, raw_input_contents, shared) -> tuple[dict[str, n
             raise InvalidArgument(f"input {name!r} is sent twice")
         shape = tuple(tensor.shape)
         if SHARED_MEMORY_REGION in tensor.parameters:
-            if tensor.contents.ListFields():
+            if _typed_count(tensor):
                 raise InvalidArgument(f"input {name!r} has typed contents and a shared memory region: send one")
             region, offset, size = shared_memory_place(tensor.parameters, f"input {name!r}")
             data = shared.read(region, offset, size, name)
@@ -325,7 +338,7 @@ def decode_infer_inputs(inputs, raw_input_contents, shared) -> tuple[dict[str, n
             arrays[name] = from_contents(tensor.contents, tensor.datatype, shape, name)
             continue
         else:
-            if tensor.contents.ListFields():
+            if _typed_count(tensor):
                 raise InvalidArgument(
                     f"input {name!r} has typed contents and raw_input_contents[{sent}]: send its data in one of them"
                 )
