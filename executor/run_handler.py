@@ -179,7 +179,12 @@ class RunHandler:
         # Until then, requests of more than one priority have been arriving: answers are not held (see _Held).
         self._mixed_until = 0.0
         self._last_priority = 0
-        self._cond = threading.Condition()
+        # The queue's lock (re-entrant), taken directly on the hot paths (``with self._mutex``: no Python-level
+        # __enter__), and its condition; ``_waiting`` counts the workers waiting on it, so that a submit notifies
+        # only when one does.
+        self._mutex = threading.RLock()
+        self._cond = threading.Condition(self._mutex)
+        self._waiting = 0
         self._levels: dict[int, deque[_Item]] = {}
         self._queued: dict[str, int] = {}
         self._seq = itertools.count()
@@ -207,13 +212,11 @@ class RunHandler:
         # them, else the server's; batching stays off unless the server's is on.
         batching = self.batching and (getattr(executor, "batching", None) or self.batching)
         values = list(feeds.values())
-        if batching is None or not values or any(v.ndim == 0 for v in values):
+        rows = values[0].shape[0] if batching is not None and values and values[0].ndim else 0
+        # No rows (or scalars): nothing to batch, and nothing to pad with (its answer is its own, empty, run).
+        if not 0 < rows <= batching.max_batch_size or any(v.ndim == 0 or v.shape[0] != rows for v in values):
             return self._enqueue(executor.run, (feeds, fetches, (), "", pin), ticket, None, {})
-        rows = values[0].shape[0]
-        # No rows: nothing to batch, and nothing to pad with (its answer is its own, empty, run).
-        if rows == 0 or any(v.shape[0] != rows for v in values) or rows > batching.max_batch_size:
-            return self._enqueue(executor.run, (feeds, fetches, (), "", pin), ticket, None, {})
-        key = (id(executor), tuple(feeds), fetches, pin, tuple((v.dtype, v.shape[1:]) for v in values))
+        key = (id(executor), tuple(feeds), fetches, pin, tuple([(v.dtype, v.shape[1:]) for v in values]))
         if key in self._unbatchable:
             return self._enqueue(executor.run, (feeds, fetches, (), "", pin), ticket, None, {})
         item_args = (executor, fetches, pin, batching)
@@ -241,7 +244,7 @@ class RunHandler:
                 f"the deadline had passed {late:.3f}s before the request reached the run queue (the time went into "
                 f"receiving, decoding and preparing it); the run did not happen"
             )
-        with self._cond:
+        with self._mutex:
             if self._stopping:
                 raise RuntimeError("RunHandler is closed")
             queued = self._queued.get(ticket.model, 0)
@@ -263,7 +266,8 @@ class RunHandler:
             self._levels.setdefault(ticket.priority, deque()).append(item)
             self._queued[ticket.model] = queued + 1
             metrics.queue_depth.set(queued + 1)
-            self._cond.notify()
+            if self._waiting:
+                self._cond.notify()
         return future
 
     def _purge(self, model: str) -> int:
@@ -297,7 +301,7 @@ class RunHandler:
             while not any(self._levels.values()):
                 if self._stopping or not wait:
                     return None
-                self._cond.wait()
+                self._wait()
             now = time.monotonic()
             levels = [p for p, q in self._levels.items() if q]
             level = max(levels, key=self._score(now))
@@ -411,7 +415,15 @@ class RunHandler:
         if left <= 0:  # a stalled loop (a long callback): do not stop the queue for it
             self._credit(outbox)
             return
-        self._cond.wait(left)
+        self._wait(left)
+
+    def _wait(self, timeout: float | None = None) -> None:
+        """Wait on the condition (the lock held, and released while waiting), counted in ``_waiting``."""
+        self._waiting += 1
+        try:
+            self._cond.wait(timeout)
+        finally:
+            self._waiting -= 1
 
     def _probe(self, outbox: _Outbox, token: object, iterations: int) -> None:
         """On the loop: once ``iterations`` loop iterations have passed, the loop has caught up: credit."""
@@ -455,7 +467,7 @@ class RunHandler:
     def _work(self) -> None:
         held = _Held(self.hold_seconds)
         while True:
-            with self._cond:
+            with self._mutex:
                 batch = self._take(wait=not held.results)
             if batch is None:  # stopping, or (holding results) nothing waits, or it waits for the loop
                 if not held.results:

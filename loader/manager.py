@@ -79,6 +79,14 @@ class _Model(Generic[S]):
     def available(self) -> list[int]:
         return sorted(v for v, sv in self.versions.items() if sv.state == AVAILABLE)
 
+    def latest(self) -> ServedVersion[S] | None:
+        """The highest available version (what a request naming no version gets), or None."""
+        best, best_version = None, None
+        for v, sv in self.versions.items():
+            if sv.state == AVAILABLE and (best_version is None or v > best_version):
+                best, best_version = sv, v
+        return best
+
 
 class ModelManager(Generic[S]):
     def __init__(
@@ -324,21 +332,22 @@ class ModelManager(Generic[S]):
 
     def _lookup(self, name: str, version: int | None, label: str) -> ServedVersion[S]:
         model = self._model(name)
-        available = model.available()
         if label:
             if label not in model.spec.labels:
                 labels = ", ".join(f"{k}={v}" for k, v in sorted(model.spec.labels.items())) or "none"
                 raise NotFound(f"model {name!r} has no version label {label!r} (labels: {labels})")
             version = model.spec.labels[label]
         if version is None:
-            if not available:
+            latest = model.latest()
+            if latest is None:
                 reasons = [model.error.message] if model.error else []
                 reasons += [f"version {v}: {sv.error.message}" for v, sv in sorted(model.versions.items()) if sv.error]
                 why = f": {'; '.join(reasons)}" if reasons else ""
                 raise Unavailable(f"model {name!r} has no version available yet{why}")
-            return model.versions[available[-1]]
+            return latest
         sv = model.versions.get(version)
         if sv is None or sv.state != AVAILABLE:
+            available = model.available()
             what = f"version label {label!r} points to version {version}, which" if label else f"version {version}"
             if sv is not None and sv.state == END and sv.error is not None:
                 raise NotFound(f"model {name!r} {what} failed to load: {sv.error.message}")

@@ -59,7 +59,10 @@ def shape_matches(static: tuple[int | None, ...] | None, actual: tuple[int, ...]
     """
     if static is None or len(static) != len(actual):
         return True
-    return all(d is None or d == a for d, a in zip(static[1:], actual[1:], strict=True))
+    for i in range(1, len(static)):  # a loop, not all(...): called once per input of every request
+        if static[i] is not None and static[i] != actual[i]:
+            return False
+    return True
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import asyncio
 import concurrent.futures
 import contextvars
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -169,12 +169,21 @@ class ServingCore:
         info.version, info.signature = str(served.version), what
         return Ticket(info.priority, info.deadline, served.name, (served.name, info.version, what), lease.hand_off())
 
-    async def run_signature_tensors(
+    def run_signature_tensors(
         self, lease: Lease, feeds: Mapping[str, np.ndarray], fetches: Sequence[str], signature_name: str = ""
-    ) -> list[np.ndarray]:
+    ) -> Awaitable[list[np.ndarray]]:
         """One run of a leased version by tensor names, as signature runs go: batchable with compatible
-        requests, its client graph pinned when configured."""
-        await self._prepared(lease, feeds, fetches, (), "", self.pin_signature_graphs)
+        requests, its client graph pinned when configured. Returns what to await: the run's future when the
+        client graph is ready (the usual case: no coroutine of its own), else a coroutine that prepares it first."""
+        pending = lease.served.servable.prepare(tuple(feeds), fetches, (), "", self.pin_signature_graphs)
+        if pending is not None:
+            return self._run_when_prepared(lease, pending, feeds, fetches, signature_name)
+        return self.run_handler.submit_batchable(
+            lease.served.servable, dict(feeds), fetches, self.pin_signature_graphs, self.ticket(lease, signature_name)
+        )
+
+    async def _run_when_prepared(self, lease: Lease, pending, feeds, fetches, signature_name: str):
+        await lease.wait(pending)
         return await self.run_handler.submit_batchable(
             lease.served.servable, dict(feeds), fetches, self.pin_signature_graphs, self.ticket(lease, signature_name)
         )
