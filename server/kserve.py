@@ -134,11 +134,12 @@ class KServeService(pb_grpc.GRPCInferenceServiceServicer):
         decode = v2_types.decode_infer_inputs
         # Raw fixed-size inputs are arrays over the request's bytes (cost 0); typed contents, BYTES and shared
         # memory are walked or copied: large ones decode off the event loop.
-        cost = v2_types.decode_cost(request.inputs)
+        tensors_in, raw_in = request.inputs, request.raw_input_contents
+        cost = v2_types.decode_cost(tensors_in, len(raw_in))
         if cost < tensors.OFF_LOOP_ELEMENTS:  # the hot path: no coroutine of off_loop's
-            inputs, raw = decode(request.inputs, request.raw_input_contents, shared)
+            inputs, raw = decode(tensors_in, raw_in, shared)
         else:
-            inputs, raw = await tensors.off_loop(cost, decode, request.inputs, request.raw_input_contents, shared)
+            inputs, raw = await tensors.off_loop(cost, decode, tensors_in, raw_in, shared)
         info.compute_input = time.perf_counter() - started
         requested, classes, places = [], {}, {}
         for out in request.outputs:
@@ -151,7 +152,8 @@ class KServeService(pb_grpc.GRPCInferenceServiceServicer):
         result = await self.core.predict(request.model_name, version, "", "", inputs, requested, "outputs")
         started = time.perf_counter()
         response = pb.ModelInferResponse(model_name=result.model_name, model_version=str(result.version))
-        response.id = request.id
+        if request.id:
+            response.id = request.id
         outputs = v2_types.classified(result.outputs, classes)
         info.answer_bytes = tensors.answer_bound(outputs.values())
         if raw and not places and all(array.dtype.kind != "O" for array in outputs.values()):  # one copy each

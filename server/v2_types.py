@@ -291,27 +291,47 @@ def _typed_count(tensor) -> int:
     return sum(len(values) for _, values in tensor.contents.ListFields())
 
 
-def decode_cost(inputs) -> int:
+def decode_cost(inputs, raw_count: int = 0) -> int:
     """What decoding a ModelInferRequest's ``inputs`` walks one element at a time, in elements: typed contents
     (the values sent) and BYTES (the elements of the shape); shared memory counts as large (a copy of the
-    region). Raw fixed-size inputs cost nothing: they become arrays over the request's bytes. Never multiplies
-    out a shape of more than 64 dimensions (not checked yet: that product alone could take seconds)."""
+    region). Raw fixed-size inputs cost nothing: they become arrays over the request's bytes. ``raw_count``: the
+    request's ``raw_input_contents`` entries; when there is one per input, nothing typed or in shared memory is
+    read (decoding refuses such a request first). Never multiplies out a shape of more than 64 dimensions (not
+    checked yet: that product alone could take seconds)."""
+    all_raw = raw_count == len(inputs)
     cost = 0
     for tensor in inputs:
-        typed = _typed_count(tensor)
+        typed = 0 if all_raw else _typed_count(tensor)
         if typed:
             cost += typed
-        elif SHARED_MEMORY_REGION in tensor.parameters:
+        elif not all_raw and SHARED_MEMORY_REGION in tensor.parameters:
             cost += 1 << 62
         elif tensor.datatype == BYTES:  # raw: length-prefixed elements, read one by one
             cost += math.prod(tensor.shape) if len(tensor.shape) <= MAX_DIMS else 0
     return cost
 
 
+def _all_raw(inputs, raw_input_contents) -> dict[str, np.ndarray] | None:
+    """The usual request decoded in one pass: every input in ``raw_input_contents``, in order, none typed or in
+    shared memory. None when the request is not that (or repeats a name): the general path then decodes it or
+    says what is wrong."""
+    arrays: dict[str, np.ndarray] = {}
+    for tensor, data in zip(inputs, raw_input_contents, strict=True):
+        name = tensor.name
+        if not name or name in arrays or tensor.HasField("contents") or SHARED_MEMORY_REGION in tensor.parameters:
+            return None
+        arrays[name] = from_raw(data, tensor.datatype, tensor.shape[:], name)
+    return arrays
+
+
 def decode_infer_inputs(inputs, raw_input_contents, shared) -> tuple[dict[str, np.ndarray], bool]:
     """A ModelInferRequest's inputs by name, and whether they came raw (or from shared memory, read from
     ``shared``, a SharedMemoryRegistry). Raw fixed-size inputs are arrays over the request's bytes or the shared
     memory (no copy). INVALID_ARGUMENT names the input and what was expected."""
+    if raw_input_contents and len(raw_input_contents) == len(inputs):
+        arrays = _all_raw(inputs, raw_input_contents)
+        if arrays is not None:
+            return arrays, True
     in_memory = sum(SHARED_MEMORY_REGION in t.parameters for t in inputs)
     raw = len(raw_input_contents) > 0 or in_memory > 0
     if raw_input_contents and len(raw_input_contents) != len(inputs) - in_memory:

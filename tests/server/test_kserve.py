@@ -176,6 +176,27 @@ def test_decode_cost_counts_what_decoding_walks():
     tensor = shared.inputs.add(name="m", datatype="FP32", shape=[1])
     tensor.parameters[v2_types.SHARED_MEMORY_REGION].string_param = "region"
     assert v2_types.decode_cost(shared.inputs) >= tensors.OFF_LOOP_ELEMENTS  # a copy of the region
+    # one raw entry per input: nothing typed or in shared memory is read (decoding refuses those first)
+    assert v2_types.decode_cost(raw.inputs, len(raw.raw_input_contents)) == 0
+    assert v2_types.decode_cost(strings.inputs, len(strings.raw_input_contents)) == 5
+    assert v2_types.decode_cost(shared.inputs, 1) == 0
+
+
+def test_raw_requests_the_one_pass_decode_leaves_get_the_general_answer():
+    request = raw_request({"a": np.zeros(2, np.float32), "b": np.ones(3, np.int32)})
+    arrays, raw = decode(request)
+    assert raw and arrays["a"].tolist() == [0.0, 0.0] and arrays["b"].tolist() == [1, 1, 1]
+    request.inputs[1].name = ""
+    with pytest.raises(InvalidArgument, match="input 1 has no name"):
+        decode(request)
+    request = raw_request({"a": np.zeros(2, np.float32)})
+    request.inputs[0].parameters["shared_memory_region"].string_param = "region"
+    with pytest.raises(InvalidArgument, match="raw_input_contents holds 1 entries but the request has 0 input"):
+        decode(request)
+    request = raw_request({"a": np.zeros(2, np.float32)})
+    request.inputs[0].contents.SetInParent()  # present but empty: no typed values, so the raw entry is its data
+    arrays, _ = decode(request)
+    assert arrays["a"].tolist() == [0.0, 0.0]
 
 
 def test_bool_bytes_other_than_0_and_1_are_invalid():
