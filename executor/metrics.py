@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
+
 from prometheus_client import Counter, Gauge, Histogram
 
 from executor.statistics import statistics
@@ -125,15 +128,32 @@ DEADLINE_EXCEEDED = Counter(
 REJECTED = Counter("servex_queue_rejected", "Requests refused because the model's queue was full", RUN_LABELS)
 
 
-class RunMetrics:
-    """The RunHandler's label children for one (model, version, signature, priority)."""
+def _ignore(value: float) -> None:
+    pass
 
-    def __init__(self, model: str, version: str, signature: str, priority: str):
+
+def queue_depth_setter(model: str, depths: dict[str, int]) -> Callable[[float], None]:
+    """What the RunHandler calls with ``model``'s queue depth on every change. Where each process keeps its own
+    metrics, the gauge reads ``depths`` (the handler's count by model) when /metrics is scraped, and the calls do
+    nothing: requests do not pay for it. In prometheus_client's multiprocess mode (--serving_processes) the
+    supervisor reads the gauge from the processes' files, so each change is written there."""
+    gauge = QUEUE_DEPTH.labels(model)
+    if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
+        return gauge.set
+    gauge.set_function(lambda: depths.get(model, 0))
+    return _ignore
+
+
+class RunMetrics:
+    """The RunHandler's label children for one (model, version, signature, priority); ``depths``: the handler's
+    queued requests by model (see ``queue_depth_setter``)."""
+
+    def __init__(self, model: str, version: str, signature: str, priority: str, depths: dict[str, int]):
         labels = (model, version, signature, priority)
         self.queue_wait = QUEUE_WAIT.labels(*labels)
         self.run_seconds = RUN_SECONDS.labels(*labels)
         self.batch_size = BATCH_SIZE.labels(*labels)
-        self.queue_depth = QUEUE_DEPTH.labels(model)
+        self.set_queue_depth = queue_depth_setter(model, depths)
         self.deadline_exceeded = DEADLINE_EXCEEDED.labels(*labels)
         self.stats = statistics(model, version)  # Triton's per-version figures (executor/statistics.py)
         self.last_run = 0.0  # seconds the last run took: the RunHandler's guess of the next one's

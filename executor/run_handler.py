@@ -263,9 +263,12 @@ class RunHandler:
                 self._last_priority = ticket.priority
                 self._mixed_until = now + MIXED_PRIORITY_SECONDS
             item = _Item(outbox, future, fn, args, ticket, next(self._seq), now, batch_key, feeds, rows)
-            self._levels.setdefault(ticket.priority, deque()).append(item)
+            level = self._levels.get(ticket.priority)
+            if level is None:
+                level = self._levels[ticket.priority] = deque()
+            level.append(item)
             self._queued[ticket.model] = queued + 1
-            metrics.queue_depth.set(queued + 1)
+            metrics.set_queue_depth(queued + 1)
             if self._waiting:
                 self._cond.notify()
         return future
@@ -289,7 +292,7 @@ class RunHandler:
         key = (*ticket.labels, ticket.priority)
         metrics = self._metrics.get(key)
         if metrics is None:
-            metrics = self._metrics.setdefault(key, RunMetrics(*ticket.labels, str(ticket.priority)))
+            metrics = self._metrics.setdefault(key, RunMetrics(*ticket.labels, str(ticket.priority), self._queued))
         return metrics
 
     # -- the workers -----------------------------------------------------------------------------------
@@ -462,7 +465,7 @@ class RunHandler:
     def _dequeued(self, item: _Item) -> None:
         left = self._queued[item.ticket.model] - 1
         self._queued[item.ticket.model] = left
-        self._metrics_for(item.ticket).queue_depth.set(left)
+        self._metrics_for(item.ticket).set_queue_depth(left)
 
     def _work(self) -> None:
         held = _Held(self.hold_seconds)

@@ -179,6 +179,29 @@ def test_a_full_queue_answers_resource_exhausted_at_once():
         handler.close()
 
 
+@pytest.mark.parametrize("multiprocess", [False, True])
+def test_the_queue_depth_gauge_counts_the_waiting_runs(multiprocess, monkeypatch, tmp_path):
+    if multiprocess:  # --serving_processes: every change is written (here, to this process's gauge value)
+        monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    model = f"depth-{multiprocess}"
+    handler = RunHandler(1)
+    depth = lambda: REGISTRY.get_sample_value("servex_queue_depth", {"model": model})  # noqa: E731
+
+    async def main():
+        busy = Busy(handler)
+        await busy.wait_started()
+        queued = [handler.submit(lambda: 1, ticket=Ticket(model=model, labels=(model, "1", "s"))) for _ in range(3)]
+        seen = [depth()]
+        busy.release.set()
+        await asyncio.gather(*queued)
+        return seen + [depth()]
+
+    try:
+        assert run(main()) == [3, 0]
+    finally:
+        handler.close()
+
+
 class Doubler:
     """A GraphExecutor stand-in for scheduling tests: run() doubles 'x' and records each run's rows."""
 
