@@ -1,6 +1,6 @@
 """Where servex's time goes at 32 callers: a ladder of gRPC servers, each adding one part of servex's path.
 
-    python scripts/bench_floor.py [--seconds 6] [--concurrency 1,32] [--workdir /tmp/servex-bench]
+    python scripts/bench_floor.py [--seconds 6] [--concurrency 1,32] [--workdir /tmp/servex-bench] [--in_process]
 
 Every rung answers the kit's batch-1 KServe v2 ModelInfer on the MLP over loopback, driven by the kit's h2load
 driver (h2grpc.py, 4 connections at 32 callers), one server at a time:
@@ -12,8 +12,8 @@ driver (h2grpc.py, 4 connections at 32 callers), one server at a time:
   fixed answer: no request decoding or response encoding);
 - servex: the daemon itself (decode, core, RunHandler, run, encode, metrics).
 The drop from one rung to the next is what that part costs under load. Last, servex's own ModelInfer without
-gRPC: KServeService called in process by 1 and 32 concurrent coroutines, CPU time per request of the event
-loop's thread and of the whole process.
+gRPC: KServeService called in process by 1 and 32 concurrent coroutines, without and with batching, CPU time per
+request of the event loop's thread and of the whole process (``--in_process``: only that, in about a minute).
 """
 
 from __future__ import annotations
@@ -89,12 +89,16 @@ def serve(mode: str, port: int, model_dir: str) -> None:
     asyncio.run(main())
 
 
-def in_process(model_dir: str, requests: int = 5000) -> None:
-    """servex's ModelInfer without gRPC: the handler called directly, CPU per request."""
+def in_process(model_dir: str, rounds: int = 7, requests: int = 19_200) -> None:
+    """servex's ModelInfer without gRPC: the handler called directly by 1 and 32 concurrent coroutines, without
+    and with batching (max 32); CPU per request of the event loop's thread and of the process, medians of
+    ``rounds`` rounds of ``requests`` calls (after a warm-up)."""
+    import statistics
+
     import numpy as np
     from grpc_health.v1 import health
 
-    from executor.run_handler import RunHandler
+    from executor.run_handler import BatchingOptions, RunHandler
     from protos.inference import grpc_service_pb2 as pb
     from server import kserve
     from server.app import Lifecycle, initial_specs, make_manager
@@ -111,31 +115,34 @@ def in_process(model_dir: str, requests: int = 5000) -> None:
     async def run() -> None:
         settings = ServerSettings(model_name="mlp", model_base_path=model_dir)
         manager = make_manager(settings)
-        handler = RunHandler(settings.num_run_workers)
-        service = kserve.KServeService(ServingCore(manager, handler, settings.pin_signature_graphs))
         await Lifecycle(manager, health.aio.HealthServicer(), settings).apply(initial_specs(settings)[0])
         request = pb.ModelInferRequest(model_name="mlp")
         request.inputs.add(name="features", datatype="FP32", shape=[1, 64])
         request.raw_input_contents.append(np.ones((1, 64), np.float32).tobytes())
         data, context = request.SerializeToString(), Context()
+        for batching in (None, BatchingOptions(32)):
+            handler = RunHandler(settings.num_run_workers, batching=batching)
+            service = kserve.KServeService(ServingCore(manager, handler, settings.pin_signature_graphs))
 
-        async def caller(n: int) -> None:
-            for _ in range(n):
-                await service.ModelInfer(pb.ModelInferRequest.FromString(data), context)
+            async def caller(n: int, service=service) -> None:
+                for _ in range(n):
+                    await service.ModelInfer(pb.ModelInferRequest.FromString(data), context)
 
-        await caller(500)  # warm: client graph built, caches filled
-        for concurrency in (1, 32):
-            wall, loop_cpu, cpu = time.perf_counter(), time.thread_time(), time.process_time()
-            await asyncio.gather(*[caller(requests // concurrency) for _ in range(concurrency)])
-            n = requests // concurrency * concurrency
-            per_request = {
-                "wall_us": time.perf_counter() - wall,
-                "loop_cpu_us": time.thread_time() - loop_cpu,
-                "process_cpu_us": time.process_time() - cpu,
-            }
-            per_request = {k: round(1e6 * v / n, 1) for k, v in per_request.items()}
-            print(json.dumps({"in_process_concurrency": concurrency, **per_request}), flush=True)
-        handler.close()
+            await caller(2000)  # warm: client graph built, caches filled
+            for concurrency in (1, 32):
+                n = requests // concurrency * concurrency
+                figures = []
+                for _ in range(rounds):
+                    wall, loop_cpu, cpu = time.perf_counter(), time.thread_time(), time.process_time()
+                    await asyncio.gather(*[caller(n // concurrency) for _ in range(concurrency)])
+                    spent = (time.perf_counter() - wall, time.thread_time() - loop_cpu, time.process_time() - cpu)
+                    figures.append(spent)
+                wall_s, loop_s, cpu_s = (statistics.median(f[i] for f in figures) for i in range(3))
+                row = {"in_process_concurrency": concurrency, "batching": batching is not None,
+                       "loop_cpu_us": round(1e6 * loop_s / n, 1), "process_cpu_us": round(1e6 * cpu_s / n, 1),
+                       "wall_us": round(1e6 * wall_s / n, 1)}  # fmt: skip
+                print(json.dumps(row), flush=True)
+            handler.close()
 
     asyncio.run(run())
 
@@ -145,6 +152,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=int, default=6)
     ap.add_argument("--concurrency", default="1,32")
     ap.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "servex-bench"))
+    ap.add_argument("--in_process", action="store_true", help="only servex's ModelInfer without gRPC (no h2load)")
     ap.add_argument("--serve", nargs=3, metavar=("MODE", "PORT", "MODEL_DIR"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.serve:
@@ -164,6 +172,10 @@ def main() -> None:
     frame = work / "infer.grpc"
     frame.write_bytes(b"\0" + len(payload).to_bytes(4, "big") + payload)
     model = work / "mlp"
+    if a.in_process:
+        subprocess.run([sys.executable, __file__, "--serve", "in_process", "0", str(model)], cwd=REPO, check=True,
+                       stderr=subprocess.DEVNULL)  # fmt: skip
+        return
     peer_servers = servers(work, Path(tempfile.gettempdir()))  # the peer benchmark's echo and servex commands
     rungs = {
         "echo": peer_servers["echo"],

@@ -128,9 +128,13 @@ def test_a_group_needs_a_listener():
         ListenerGroup(0, [])
 
 
-def test_methods_are_served_as_generic_handlers_each_once():
-    """Registered methods cost grpcio's asyncio server an asyncio.wait over all of them per call (see
-    ListenerGroup.add_registered_method_handlers): the group adds them as generic handlers, once each."""
+GENERIC_ONLY = "/servex.test.Generic/Only"
+
+
+def test_methods_are_served_from_one_table_per_listener():
+    """Registered methods cost grpcio's asyncio server an asyncio.wait over all of them per call, and each generic
+    handler a Python call per call (see ListenerGroup.add_registered_method_handlers): every listener has one
+    generic handler, the group's method table; handlers added only as generic ones are asked after it, in order."""
 
     async def main() -> None:
         group = ListenerGroup(2, [])
@@ -138,18 +142,30 @@ def test_methods_are_served_as_generic_handlers_each_once():
         async def say(request: bytes, context) -> bytes:
             return b"said " + request
 
+        async def shout(request: bytes, context) -> bytes:
+            return b"SAID " + request
+
         handlers = {"Say": grpc.unary_unary_rpc_method_handler(say)}
         group.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
-        group.add_registered_method_handlers(SERVICE, handlers)  # what generated code does next: nothing more
+        group.add_registered_method_handlers(SERVICE, handlers)  # what generated code does next
         group.add_registered_method_handlers(SERVICE, {"Again": handlers["Say"]})  # a method not served yet
         group.add_registered_method_handlers("servex.test.Other", handlers)  # another service
-        assert len(group._generic) == 3
+        generic_only = {"Only": grpc.unary_unary_rpc_method_handler(say)}  # GENERIC_ONLY
+        group.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("servex.test.Generic", generic_only),))
+        # a method an earlier generic handler serves stays with it, as in gRPC; the first registration wins too
+        group.add_registered_method_handlers(SERVICE, {"Say": grpc.unary_unary_rpc_method_handler(shout)})
+        group.add_registered_method_handlers("servex.test.Other", {"Say": grpc.unary_unary_rpc_method_handler(shout)})
+        assert sorted(group._table.methods) == [f"/{SERVICE}/Again", f"/{SERVICE}/Say", "/servex.test.Other/Say"]
+        assert len(group._table.generic) == 2
         port = group.add_insecure_port("127.0.0.1:0")
         await group.start()
         try:
             async with _channel(port) as channel:
-                for method in (f"/{SERVICE}/Say", f"/{SERVICE}/Again", "/servex.test.Other/Say"):
+                for method in (f"/{SERVICE}/Say", f"/{SERVICE}/Again", "/servex.test.Other/Say", GENERIC_ONLY):
                     assert await channel.unary_unary(method)(b"x", timeout=10) == b"said x", method
+                with pytest.raises(grpc.aio.AioRpcError) as e:
+                    await channel.unary_unary(f"/{SERVICE}/Missing")(b"x", timeout=10)
+                assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
         finally:
             await group.stop(None)
 
