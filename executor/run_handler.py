@@ -12,6 +12,9 @@ Scheduling (the ticket says priority, deadline, model and metric labels):
   whose deadline had passed before it was submitted (spent receiving and decoding it) is answered so at once,
   never queued; a cancelled one (its caller went away) is dropped.
 - **Bound**: at most ``max_queued_per_model`` requests of one model wait; beyond it, RESOURCE_EXHAUSTED at once.
+  With ``max_queued_bytes``, the input tensors of all queued requests (every model) hold at most that many bytes:
+  a request that would pass it is answered RESOURCE_EXHAUSTED at once, unless nothing is queued (a request alone
+  is bounded by the message size).
 - **Batching** (``submit_batchable``): a free worker takes the highest-priority request and, from the same
   priority, every queued request of the same client graph whose inputs agree on all but the 0th dimension, up to
   ``max_batch_size`` rows; they run as one (padded up to the next allowed batch size) and each caller gets
@@ -81,6 +84,16 @@ class Ticket(NamedTuple):
 DEFAULT_TICKET = Ticket()
 
 
+def input_bytes(arrays) -> int:
+    """What input arrays hold, for ``max_queued_bytes``: their buffers, and a string tensor's strings too."""
+    total = 0
+    for array in arrays:
+        total += array.nbytes
+        if array.dtype.kind == "O":
+            total += sum(map(len, array.flat))
+    return total
+
+
 def _deliver(future: asyncio.Future, ok: bool, value) -> None:
     if future.cancelled():
         return
@@ -137,9 +150,9 @@ class _Item:
     """One queued request: its work, where its answer goes, and (batchable runs) the GraphExecutor-like object,
     feeds by tensor name and row count, grouped by ``batch_key``."""
 
-    __slots__ = ("outbox", "future", "fn", "args", "ticket", "seq", "enqueued", "batch_key", "feeds", "rows")
+    __slots__ = ("outbox", "future", "fn", "args", "ticket", "seq", "enqueued", "batch_key", "feeds", "rows", "nbytes")
 
-    def __init__(self, outbox, future, fn, args, ticket, seq, enqueued, batch_key=None, feeds=None, rows=0):
+    def __init__(self, outbox, future, fn, args, ticket, seq, enqueued, batch_key=None, feeds=None, rows=0, nbytes=0):
         self.outbox: _Outbox = outbox
         self.future: asyncio.Future = future
         self.fn: Callable = fn
@@ -150,6 +163,7 @@ class _Item:
         self.batch_key: tuple | None = batch_key
         self.feeds: dict = feeds if feeds is not None else {}
         self.rows: int = rows
+        self.nbytes: int = nbytes  # its input tensors' bytes, counted against max_queued_bytes
 
 
 class RunHandler:
@@ -158,6 +172,7 @@ class RunHandler:
         num_workers: int,
         *,
         max_queued_per_model: int = 0,
+        max_queued_bytes: int = 0,
         aging_seconds: float = 0.1,
         batching: BatchingOptions | None = None,
         hold_seconds: float = 0.001,
@@ -167,6 +182,8 @@ class RunHandler:
         if num_workers < 1:
             raise ValueError(f"num_workers must be at least 1, got {num_workers}")
         self.max_queued_per_model = max_queued_per_model
+        self.max_queued_bytes = max_queued_bytes
+        self._queued_bytes = 0  # input bytes of every queued request (counted only with max_queued_bytes)
         self.aging_seconds = aging_seconds
         self.batching = batching
         self.hold_seconds = hold_seconds
@@ -201,9 +218,10 @@ class RunHandler:
 
     # -- submitting ------------------------------------------------------------------------------------
 
-    def submit(self, fn: Callable, *args, ticket: Ticket = DEFAULT_TICKET) -> asyncio.Future:
-        """Queue ``fn(*args)``; the returned future (on the running loop) completes with its result."""
-        return self._enqueue(fn, args, ticket, None, {})
+    def submit(self, fn: Callable, *args, ticket: Ticket = DEFAULT_TICKET, input_bytes: int = 0) -> asyncio.Future:
+        """Queue ``fn(*args)``; the returned future (on the running loop) completes with its result.
+        ``input_bytes``: what its input tensors hold, counted against ``max_queued_bytes`` while it waits."""
+        return self._enqueue(fn, args, ticket, None, {}, 0, input_bytes)
 
     def submit_batchable(self, executor, feeds: dict, fetches: Sequence[str], pin: bool, ticket: Ticket):
         """Queue ``executor.run(feeds, fetches, (), "", pin)``, which may run batched with compatible requests."""
@@ -212,25 +230,26 @@ class RunHandler:
         # them, else the server's; batching stays off unless the server's is on.
         batching = self.batching and (getattr(executor, "batching", None) or self.batching)
         values = list(feeds.values())
+        nbytes = input_bytes(values) if self.max_queued_bytes else 0
         rows = values[0].shape[0] if batching is not None and values and values[0].ndim else 0
         # No rows (or scalars): nothing to batch, and nothing to pad with (its answer is its own, empty, run).
         if not 0 < rows <= batching.max_batch_size or any(v.ndim == 0 or v.shape[0] != rows for v in values):
-            return self._enqueue(executor.run, (feeds, fetches, (), "", pin), ticket, None, {})
+            return self._enqueue(executor.run, (feeds, fetches, (), "", pin), ticket, None, {}, 0, nbytes)
         key = (id(executor), tuple(feeds), fetches, pin, tuple([(v.dtype, v.shape[1:]) for v in values]))
         if key in self._unbatchable:
-            return self._enqueue(executor.run, (feeds, fetches, (), "", pin), ticket, None, {})
+            return self._enqueue(executor.run, (feeds, fetches, (), "", pin), ticket, None, {}, 0, nbytes)
         item_args = (executor, fetches, pin, batching)
-        return self._enqueue(executor.run, item_args, ticket, key, feeds, rows)
+        return self._enqueue(executor.run, item_args, ticket, key, feeds, rows, nbytes)
 
-    def _enqueue(self, fn, args, ticket: Ticket, batch_key, feeds, rows: int = 0) -> asyncio.Future:
+    def _enqueue(self, fn, args, ticket: Ticket, batch_key, feeds, rows: int, nbytes: int) -> asyncio.Future:
         try:
-            return self._enqueue_or_raise(fn, args, ticket, batch_key, feeds, rows)
+            return self._enqueue_or_raise(fn, args, ticket, batch_key, feeds, rows, nbytes)
         except BaseException:
             if ticket.done is not None:
                 ticket.done()
             raise
 
-    def _enqueue_or_raise(self, fn, args, ticket: Ticket, batch_key, feeds, rows: int) -> asyncio.Future:
+    def _enqueue_or_raise(self, fn, args, ticket: Ticket, batch_key, feeds, rows: int, nbytes: int) -> asyncio.Future:
         loop = asyncio.get_running_loop()
         outbox = self._outboxes.get(loop)
         if outbox is None:
@@ -256,13 +275,22 @@ class RunHandler:
                     f"model {ticket.model!r}: {queued} requests are queued, the limit (--max_queued_requests); "
                     f"try again later"
                 )
+            if nbytes and self.max_queued_bytes:
+                if self._queued_bytes and self._queued_bytes + nbytes > self.max_queued_bytes:
+                    metrics.rejected()
+                    raise ResourceExhausted(
+                        f"model {ticket.model!r}: the queued requests' inputs hold {self._queued_bytes} bytes, and "
+                        f"this request's {nbytes} would pass the limit of {self.max_queued_bytes} bytes "
+                        f"(--max_queued_bytes); try again later"
+                    )
+                self._queued_bytes += nbytes
             now = time.monotonic()
             if ticket.priority >= self._top or now > self._top_until:
                 self._top, self._top_until = ticket.priority, now + MIXED_PRIORITY_SECONDS
             if ticket.priority != self._last_priority:
                 self._last_priority = ticket.priority
                 self._mixed_until = now + MIXED_PRIORITY_SECONDS
-            item = _Item(outbox, future, fn, args, ticket, next(self._seq), now, batch_key, feeds, rows)
+            item = _Item(outbox, future, fn, args, ticket, next(self._seq), now, batch_key, feeds, rows, nbytes)
             level = self._levels.get(ticket.priority)
             if level is None:
                 level = self._levels[ticket.priority] = deque()
@@ -463,6 +491,7 @@ class RunHandler:
                 log.exception("a run's done callback failed")
 
     def _dequeued(self, item: _Item) -> None:
+        self._queued_bytes -= item.nbytes
         left = self._queued[item.ticket.model] - 1
         self._queued[item.ticket.model] = left
         self._metrics_for(item.ticket).set_queue_depth(left)

@@ -275,6 +275,7 @@ async def serve(settings: ServerSettings) -> int:
     run_handler = RunHandler(
         settings.num_run_workers,
         max_queued_per_model=settings.max_queued_requests,
+        max_queued_bytes=settings.max_queued_bytes,
         aging_seconds=settings.priority_aging_ms / 1000,
         batching=batching,
         hold_seconds=settings.result_hold_micros / 1e6,

@@ -166,6 +166,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="requests of one model that may wait for a worker; beyond, RESOURCE_EXHAUSTED at once (0: no bound)",
     )
     p.add_argument(
+        "--max_queued_bytes",
+        type=int,
+        default=d.max_queued_bytes,
+        help="bytes that the input tensors of all queued requests may hold; a request that would pass it gets "
+        "RESOURCE_EXHAUSTED at once, unless nothing is queued (0: no bound)",
+    )
+    p.add_argument(
         "--priority_aging_ms",
         type=float,
         default=d.priority_aging_ms,
@@ -279,6 +286,8 @@ def parse_settings(argv: list[str] | None = None) -> tuple[ServerSettings, str]:
     admin_port = args.admin_port or (8503 if args.admin_token_file else 0)
     if args.grpc_listeners < 1:
         build_parser().error(f"--grpc_listeners must be at least 1, got {args.grpc_listeners}")
+    if args.max_queued_bytes < 0:
+        build_parser().error(f"--max_queued_bytes must be 0 (no bound) or more, got {args.max_queued_bytes}")
     if args.lower_priority_burst < 0:
         build_parser().error(f"--lower_priority_burst must be 0 (off) or more, got {args.lower_priority_burst}")
     if args.event_loop_cpu != -1:
@@ -319,6 +328,7 @@ def parse_settings(argv: list[str] | None = None) -> tuple[ServerSettings, str]:
         batching_parameters_file=args.batching_parameters_file,
         enable_per_model_batching_params=args.enable_per_model_batching_params,
         max_queued_requests=args.max_queued_requests,
+        max_queued_bytes=args.max_queued_bytes,
         priority_aging_ms=args.priority_aging_ms,
         result_hold_micros=args.result_hold_micros,
         lower_priority_burst=args.lower_priority_burst,

@@ -67,6 +67,9 @@ class ServerSettings:
     enable_per_model_batching_params: bool = False
     # Requests of one model allowed to wait in the queue; beyond, RESOURCE_EXHAUSTED at once. 0: no bound.
     max_queued_requests: int = 10000
+    # Bytes that the input tensors of all queued requests (every model) may hold; a request that would pass it is
+    # answered RESOURCE_EXHAUSTED at once, unless nothing is queued. 0: no bound.
+    max_queued_bytes: int = 0
     # A waiting request's priority grows by one every this many milliseconds (0: no aging).
     priority_aging_ms: float = 100.0
     # While more work waits, a run worker keeps the answers of short runs for about this long and hands them back

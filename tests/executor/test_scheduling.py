@@ -12,7 +12,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from executor import GraphExecutor
-from executor.run_handler import BatchingOptions, DeadlineExceeded, RunHandler, Ticket
+from executor.run_handler import BatchingOptions, DeadlineExceeded, RunHandler, Ticket, input_bytes
 from loader import load_saved_model
 from loader.errors import ResourceExhausted
 from tests.conftest import HALF_PLUS_TWO_TF1
@@ -177,6 +177,35 @@ def test_a_full_queue_answers_resource_exhausted_at_once():
         assert run(main()) == [1, 1, 2]
     finally:
         handler.close()
+
+
+def test_queued_input_bytes_are_bounded_across_models():
+    handler = RunHandler(1, max_queued_bytes=1000, batching=BatchingOptions(8))
+    executor = Doubler()
+    row = np.zeros((1, 100), np.float32)  # 400 bytes
+    strings = np.array([b"x" * 300], dtype=object)  # its pointer and its 300 bytes
+
+    async def main():
+        busy = Busy(handler)
+        await busy.wait_started()
+        first = handler.submit_batchable(executor, {"x": row}, ["y"], False, Ticket(model="a"))
+        second = handler.submit(lambda: "ran", ticket=Ticket(model="b"), input_bytes=500)  # 900 of 1000
+        with pytest.raises(ResourceExhausted, match=r"'a'.*hold 900 bytes.*this request's 400.*--max_queued_bytes"):
+            handler.submit_batchable(executor, {"x": row}, ["y"], False, Ticket(model="a"))
+        with pytest.raises(ResourceExhausted, match="this request's 308 would pass"):
+            handler.submit(lambda: "ran", ticket=Ticket(model="c"), input_bytes=input_bytes([strings]))
+        busy.release.set()
+        done = await asyncio.gather(first, second)
+        # with nothing queued, a request larger than the bound is taken (alone, the message size bounds it)
+        alone = handler.submit(lambda: "alone", ticket=Ticket(model="a"), input_bytes=5000)
+        return done, await alone
+
+    try:
+        done, alone = run(main())
+    finally:
+        handler.close()
+    assert done[0][0].tolist() == (row * 2).tolist() and done[1] == "ran" and alone == "alone"
+    assert handler._queued_bytes == 0
 
 
 @pytest.mark.parametrize("multiprocess", [False, True])

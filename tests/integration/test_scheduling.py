@@ -150,3 +150,20 @@ def test_a_full_queue_answers_resource_exhausted(one_worker):
     for t in (holder, *queued):
         t.join(60)
     assert predict(daemon.channel, "slow", "iterations", np.array(3, np.int64)) == 3
+
+
+def test_queued_input_bytes_over_the_bound_answer_resource_exhausted(start_daemon, slow_model):
+    daemon = start_daemon(f"--model_base_path={slow_model}", "--model_name=slow", "--num_run_workers=1",
+                          "--max_queued_bytes=12")  # fmt: skip
+    holder = _hold_the_worker(daemon)  # running, not queued
+    queued = threading.Thread(target=predict, args=(grpc.insecure_channel(daemon.address), "slow", "iterations",
+                                                    np.array(10, np.int64)))  # fmt: skip
+    queued.start()  # 8 bytes queued
+    time.sleep(0.2)
+    with pytest.raises(grpc.RpcError) as info:  # 8 more would make 16
+        predict(daemon.channel, "slow", "iterations", np.array(10, np.int64))
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "hold 8 bytes" in info.value.details() and "--max_queued_bytes" in info.value.details()
+    for t in (holder, queued):
+        t.join(60)
+    assert predict(daemon.channel, "slow", "iterations", np.array(3, np.int64)) == 3

@@ -51,3 +51,11 @@ def test_a_negative_lower_priority_burst_is_refused(capsys):
         parse_settings(["--lower_priority_burst=-1"])
     assert info.value.code == 2
     assert "--lower_priority_burst must be 0 (off) or more, got -1" in capsys.readouterr().err
+
+
+def test_max_queued_bytes_default_flag_and_negative(capsys):
+    assert parse_settings([])[0].max_queued_bytes == ServerSettings().max_queued_bytes == 0
+    assert parse_settings(["--max_queued_bytes=1048576"])[0].max_queued_bytes == 1048576
+    with pytest.raises(SystemExit):
+        parse_settings(["--max_queued_bytes=-1"])
+    assert "--max_queued_bytes must be 0 (no bound) or more, got -1" in capsys.readouterr().err
