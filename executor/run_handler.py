@@ -38,18 +38,19 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 
+from executor.answers import Held, Outbox
 from executor.metrics import RunMetrics
 from loader.errors import ResourceExhausted, ServingError
 
 log = logging.getLogger(__name__)
 
-MIXED_PRIORITY_SECONDS = 1.0  # see _Held and RunHandler's pacing
+MIXED_PRIORITY_SECONDS = 1.0  # see Held (executor/answers.py) and the RunHandler's pacing
 # A pacing probe counts as through the loop's queue after this many loop iterations: its own, then those of the
 # callbacks the answers ahead of it scheduled (the callers' tasks), and of theirs. Measured on the MLP
 # (bench_priority.py, alternating runs): 8 and 16 gave the same high-priority p99, 16 about 6% less flood; 4 and 2
@@ -94,58 +95,6 @@ def input_bytes(arrays) -> int:
     return total
 
 
-def _deliver(future: asyncio.Future, ok: bool, value) -> None:
-    if future.cancelled():
-        return
-    if ok:
-        future.set_result(value)
-    elif isinstance(value, StopIteration):  # asyncio refuses to carry StopIteration through a future
-        future.set_exception(RuntimeError(f"run raised StopIteration: {value!r}"))
-    else:
-        future.set_exception(value)
-
-
-class _Outbox:
-    """Results on their way back to one event loop: one wake-up of the loop carries all that are ready.
-
-    Under load the cross-thread hand-off, not TensorFlow, is what costs most per request; a worker that finds
-    the outbox already scheduled for delivery just adds its result.
-
-    It also carries the loop's pacing state (guarded by the RunHandler's lock): ``credit``, the lower-priority
-    requests the workers may still start before the loop must catch up; ``probe_due``, set when a burst used the
-    last of it (the probe goes once the burst's answers are handed back); ``probe``, the token of the catch-up
-    probe on its way through the loop (None when none is), sent at ``probe_sent``.
-    """
-
-    def __init__(self, loop: asyncio.AbstractEventLoop):
-        self.loop = loop
-        self._lock = threading.Lock()
-        self._results: list = []
-        self.credit = 0
-        self.probe: object | None = None
-        self.probe_sent = 0.0
-        self.probe_due = False
-
-    def put(self, future: asyncio.Future, ok: bool, value) -> None:
-        self.put_many([(future, ok, value)])
-
-    def put_many(self, results: list) -> None:
-        with self._lock:
-            first = not self._results
-            self._results.extend(results)
-        if first:
-            try:
-                self.loop.call_soon_threadsafe(self._flush)
-            except RuntimeError:  # the loop closed during shutdown; nobody is waiting any more
-                log.debug("a run finished after its event loop closed")
-
-    def _flush(self) -> None:
-        with self._lock:
-            results, self._results = self._results, []
-        for future, ok, value in results:
-            _deliver(future, ok, value)
-
-
 class _Item:
     """One queued request: its work, where its answer goes, and (batchable runs) the GraphExecutor-like object,
     feeds by tensor name and row count, grouped by ``batch_key``."""
@@ -153,7 +102,7 @@ class _Item:
     __slots__ = ("outbox", "future", "fn", "args", "ticket", "seq", "enqueued", "batch_key", "feeds", "rows", "nbytes")
 
     def __init__(self, outbox, future, fn, args, ticket, seq, enqueued, batch_key=None, feeds=None, rows=0, nbytes=0):
-        self.outbox: _Outbox = outbox
+        self.outbox: Outbox = outbox
         self.future: asyncio.Future = future
         self.fn: Callable = fn
         self.args: tuple = args
@@ -193,7 +142,7 @@ class RunHandler:
         self.pace_timeout = pace_timeout
         # The highest priority that arrived, and until when it counts as arriving (a second after its last).
         self._top, self._top_until = 0, 0.0
-        # Until then, requests of more than one priority have been arriving: answers are not held (see _Held).
+        # Until then, requests of more than one priority have been arriving: answers are not held (see Held).
         self._mixed_until = 0.0
         self._last_priority = 0
         # The queue's lock (re-entrant), taken directly on the hot paths (``with self._mutex``: no Python-level
@@ -206,7 +155,7 @@ class RunHandler:
         self._queued: dict[str, int] = {}
         self._seq = itertools.count()
         self._stopping = False
-        self._outboxes: dict[asyncio.AbstractEventLoop, _Outbox] = {}
+        self._outboxes: dict[asyncio.AbstractEventLoop, Outbox] = {}
         self._metrics: dict[tuple, RunMetrics] = {}
         # Batch keys whose graphs answered without the batch dimension: their requests never batch again.
         self._unbatchable: set[tuple] = set()
@@ -218,10 +167,13 @@ class RunHandler:
 
     # -- submitting ------------------------------------------------------------------------------------
 
-    def submit(self, fn: Callable, *args, ticket: Ticket = DEFAULT_TICKET, input_bytes: int = 0) -> asyncio.Future:
-        """Queue ``fn(*args)``; the returned future (on the running loop) completes with its result.
-        ``input_bytes``: what its input tensors hold, counted against ``max_queued_bytes`` while it waits."""
-        return self._enqueue(fn, args, ticket, None, {}, 0, input_bytes)
+    def submit(
+        self, fn: Callable, *args, ticket: Ticket = DEFAULT_TICKET, inputs: Mapping[str, np.ndarray] | None = None
+    ) -> asyncio.Future:
+        """Queue ``fn(*args)``; the returned future (on the running loop) completes with its result. ``inputs``:
+        its input tensors, counted against ``max_queued_bytes`` while it waits."""
+        nbytes = input_bytes(inputs.values()) if inputs and self.max_queued_bytes else 0
+        return self._enqueue(fn, args, ticket, None, {}, 0, nbytes)
 
     def submit_batchable(self, executor, feeds: dict, fetches: Sequence[str], pin: bool, ticket: Ticket):
         """Queue ``executor.run(feeds, fetches, (), "", pin)``, which may run batched with compatible requests."""
@@ -253,7 +205,7 @@ class RunHandler:
         loop = asyncio.get_running_loop()
         outbox = self._outboxes.get(loop)
         if outbox is None:
-            outbox = self._outboxes.setdefault(loop, _Outbox(loop))
+            outbox = self._outboxes.setdefault(loop, Outbox(loop))
         future = loop.create_future()
         metrics = self._metrics_for(ticket)
         late = time.monotonic() - ticket.deadline if ticket.deadline is not None else -1.0
@@ -420,7 +372,7 @@ class RunHandler:
                 with self._cond:
                     self._send_probe(outbox, time.monotonic())
 
-    def _send_probe(self, outbox: _Outbox, now: float) -> None:
+    def _send_probe(self, outbox: Outbox, now: float) -> None:
         """Send a probe into ``outbox``'s loop, behind what it holds, unless one is on its way. The lock is held."""
         outbox.probe_due = False
         if outbox.probe is not None:
@@ -432,7 +384,7 @@ class RunHandler:
         except RuntimeError:  # the loop closed: nothing to pace
             self._credit(outbox)
 
-    def _catch_up(self, outbox: _Outbox, now: float) -> None:
+    def _catch_up(self, outbox: Outbox, now: float) -> None:
         """Wait (the lock held, and released while waiting) for the probe through ``outbox``'s loop (sent now if
         none is on its way), and give credit anyway once it is late.
 
@@ -456,7 +408,7 @@ class RunHandler:
         finally:
             self._waiting -= 1
 
-    def _probe(self, outbox: _Outbox, token: object, iterations: int) -> None:
+    def _probe(self, outbox: Outbox, token: object, iterations: int) -> None:
         """On the loop: once ``iterations`` loop iterations have passed, the loop has caught up: credit."""
         if iterations > 1:
             outbox.loop.call_soon(self._probe, outbox, token, iterations - 1)
@@ -466,7 +418,7 @@ class RunHandler:
                 self._credit(outbox)
                 self._cond.notify_all()
 
-    def _credit(self, outbox: _Outbox) -> None:
+    def _credit(self, outbox: Outbox) -> None:
         outbox.credit, outbox.probe = self.lower_priority_burst, None
 
     def _drop(self, item: _Item, now: float, expired: bool) -> None:
@@ -497,7 +449,7 @@ class RunHandler:
         self._metrics_for(item.ticket).set_queue_depth(left)
 
     def _work(self) -> None:
-        held = _Held(self.hold_seconds)
+        held = Held(self.hold_seconds)
         while True:
             with self._mutex:
                 batch = self._take(wait=not held.results)
@@ -523,7 +475,7 @@ class RunHandler:
                 seconds = time.monotonic() - started
                 kind.run_seconds.observe(seconds)
                 kind.stats.ran(1, 1, seconds)
-                held.add(item, ok, result)
+                held.add(item.outbox, item.future, ok, result)
                 self._finished(item)
             else:
                 self._run_batch(batch, started, held)
@@ -532,7 +484,7 @@ class RunHandler:
             if not held.results:
                 self._send_due_probes()
 
-    def _run_batch(self, batch: list[_Item], started: float, held: _Held) -> None:
+    def _run_batch(self, batch: list[_Item], started: float, held: Held) -> None:
         first = batch[0]
         executor, fetches, pin, batching = first.args
         rows = [item.rows for item in batch]
@@ -568,11 +520,11 @@ class RunHandler:
             metrics = self._metrics_for(item.ticket)
             metrics.run_seconds.observe(seconds)
             metrics.batch_size.observe(len(batch))
-            held.add(item, True, [o[offset : offset + n] for o in outputs])
+            held.add(item.outbox, item.future, True, [o[offset : offset + n] for o in outputs])
             self._finished(item)
             offset += n
 
-    def _run_alone(self, item: _Item, executor, fetches, pin, started: float, held: _Held) -> None:
+    def _run_alone(self, item: _Item, executor, fetches, pin, started: float, held: Held) -> None:
         try:
             result, ok = executor.run(item.feeds, fetches, (), "", pin), True
         except BaseException as e:
@@ -582,7 +534,7 @@ class RunHandler:
         metrics.run_seconds.observe(seconds)
         metrics.stats.ran(1, item.rows, seconds)
         metrics.batch_size.observe(1)
-        held.add(item, ok, result)
+        held.add(item.outbox, item.future, ok, result)
         self._finished(item)
 
     def close(self) -> None:
@@ -596,45 +548,3 @@ class RunHandler:
 
 class _NotBatchable(Exception):
     pass
-
-
-class _Held:
-    """A worker's finished results not yet handed back to their event loops.
-
-    Each hand-back wakes a loop, and under load those wake-ups, not TensorFlow, are most of what a request costs.
-    So while more work waits, a worker keeps the results of short runs and hands them back together, once the
-    first has waited ``hold_seconds`` (at the end of the run then in progress). Everything goes back at once when
-    nothing waits (a lone caller waits for nothing), after a run that took ``hold_seconds`` or more, and before a
-    run whose last run (same model, version, signature and priority) took that long: short answers never wait
-    behind a long run.
-
-    Nothing is held while requests of more than one priority arrive (within ``MIXED_PRIORITY_SECONDS`` of the last
-    change of priority): holding makes the workers faster than the event loop, so the backlog moves out of this
-    queue, where priority orders it, into gRPC's, where arrival does, and a high-priority caller waits behind all
-    of it (measured on the MLP: its p99 under a flood went from 3 to 8 ms). One priority: speed; several: isolation.
-    """
-
-    def __init__(self, hold_seconds: float):
-        self.hold_seconds = hold_seconds
-        self.results: dict[_Outbox, list] = {}
-        self.since = 0.0
-
-    def add(self, item: _Item, ok: bool, value) -> None:
-        if not self.results:
-            self.since = time.monotonic()
-        self.results.setdefault(item.outbox, []).append((item.future, ok, value))
-
-    def before(self, now: float, expected: float) -> None:
-        """Before a run starting ``now`` that may take ``expected`` (what the last of its kind took)."""
-        if self.results and (now - self.since >= self.hold_seconds or expected >= self.hold_seconds):
-            self.hand_back()
-
-    def after(self, started: float, mixed: bool) -> None:
-        """After the run that began at ``started``; ``mixed``: requests of several priorities are arriving."""
-        if self.results and (mixed or time.monotonic() - started >= self.hold_seconds):
-            self.hand_back()
-
-    def hand_back(self) -> None:
-        results, self.results = self.results, {}
-        for outbox, ready in results.items():
-            outbox.put_many(ready)

@@ -18,7 +18,7 @@ from typing import NamedTuple
 import numpy as np
 
 from executor import GraphExecutor, RunHandler, client_graph_key
-from executor.run_handler import Ticket, input_bytes
+from executor.run_handler import Ticket
 from loader.errors import FailedPrecondition, InvalidArgument
 from loader.manager import ModelManager, ServedVersion
 from loader.saved_model import Signature, TensorSpec, shape_matches, shape_text
@@ -261,9 +261,8 @@ class ServingCore:
             executor = served.servable
             await self._prepared(lease, feeds, fetches, targets, graph_name, False)
             ticket = self.ticket(lease, self._graph_label(served.name, graph_name))
-            nbytes = input_bytes(feeds.values()) if self.run_handler.max_queued_bytes else 0
             values = await self.run_handler.submit(
-                executor.run, feeds, fetches, targets, graph_name, ticket=ticket, input_bytes=nbytes
+                executor.run, feeds, fetches, targets, graph_name, ticket=ticket, inputs=feeds
             )
             key = client_graph_key(feeds, fetches, targets)
         finally:

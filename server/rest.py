@@ -206,7 +206,8 @@ class Rest:
                 return error_response(e)
             except RecursionError:  # JSON lists nested deeper than the codec walks
                 error = InvalidArgument(
-                    "the request's JSON is nested too deeply: a tensor has at most 64 dimensions (nested lists)"
+                    f"the request's JSON is nested too deeply: a tensor has at most {tensors.MAX_DIMS} dimensions "
+                    f"(nested lists)"
                 )
                 code = error.code
                 return error_response(error)

@@ -31,10 +31,10 @@ import numpy as np
 import orjson
 
 from loader.errors import InvalidArgument
+from server.tensors import MAX_DIMS
 
 OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
-MAX_DIMS = 64  # NumPy's (and so a tensor's) most dimensions
 # A JSON escape of a UTF-16 surrogate (U+D800..U+DFFF): a lone one is no Unicode text.
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 

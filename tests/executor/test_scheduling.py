@@ -12,7 +12,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from executor import GraphExecutor
-from executor.run_handler import BatchingOptions, DeadlineExceeded, RunHandler, Ticket, input_bytes
+from executor.run_handler import BatchingOptions, DeadlineExceeded, RunHandler, Ticket
 from loader import load_saved_model
 from loader.errors import ResourceExhausted
 from tests.conftest import HALF_PLUS_TWO_TF1
@@ -189,15 +189,15 @@ def test_queued_input_bytes_are_bounded_across_models():
         busy = Busy(handler)
         await busy.wait_started()
         first = handler.submit_batchable(executor, {"x": row}, ["y"], False, Ticket(model="a"))
-        second = handler.submit(lambda: "ran", ticket=Ticket(model="b"), input_bytes=500)  # 900 of 1000
+        second = handler.submit(lambda: "ran", ticket=Ticket(model="b"), inputs={"t": np.zeros(500, np.uint8)})
         with pytest.raises(ResourceExhausted, match=r"'a'.*hold 900 bytes.*this request's 400.*--max_queued_bytes"):
             handler.submit_batchable(executor, {"x": row}, ["y"], False, Ticket(model="a"))
-        with pytest.raises(ResourceExhausted, match="this request's 308 would pass"):
-            handler.submit(lambda: "ran", ticket=Ticket(model="c"), input_bytes=input_bytes([strings]))
+        with pytest.raises(ResourceExhausted, match="this request's 308 would pass"):  # 900 of 1000 queued
+            handler.submit(lambda: "ran", ticket=Ticket(model="c"), inputs={"s": strings})
         busy.release.set()
         done = await asyncio.gather(first, second)
         # with nothing queued, a request larger than the bound is taken (alone, the message size bounds it)
-        alone = handler.submit(lambda: "alone", ticket=Ticket(model="a"), input_bytes=5000)
+        alone = handler.submit(lambda: "alone", ticket=Ticket(model="a"), inputs={"t": np.zeros(5000, np.uint8)})
         return done, await alone
 
     try:

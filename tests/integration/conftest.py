@@ -13,8 +13,8 @@ def start_daemon(tmp_path_factory):
     """Start servex daemons for this module; each is stopped (SIGTERM) at module end."""
     started: list[Daemon] = []
 
-    def start(*args: str) -> Daemon:
-        daemon = Daemon(list(args), tmp_path_factory.mktemp("servex"))
+    def start(*args: str, rest: bool = False) -> Daemon:
+        daemon = Daemon(list(args), tmp_path_factory.mktemp("servex"), rest=rest)
         started.append(daemon)
         return daemon.wait_serving()
 
@@ -56,3 +56,23 @@ def mlp_model(tmp_path_factory) -> Path:
     script = REPO.parent / "shared" / "bench" / "make_models.py"
     subprocess.run([sys.executable, str(script), str(out), "mlp"], check=True, capture_output=True)
     return out / "mlp"
+
+
+def export_sum(path):
+    """x [None,3] float32 -> doubled [None,3] and total (a scalar: no batch dimension, so never batched)."""
+
+    class Sum(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.float32, name="x")])
+        def serve(self, x):
+            return {"doubled": x * 2.0, "total": tf.reduce_sum(x)}
+
+    module = Sum()
+    tf.saved_model.save(module, str(path / "1"), signatures={"serving_default": module.serve})
+
+
+@pytest.fixture(scope="session")
+def sum_model(tmp_path_factory) -> Path:
+    """``export_sum``'s model; returns its base path (version 1 inside)."""
+    base = tmp_path_factory.mktemp("sum_model") / "sum"
+    export_sum(base)
+    return base

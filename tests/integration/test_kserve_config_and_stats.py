@@ -23,22 +23,11 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from tests.conftest import COUNTER, HALF_PLUS_TWO_TF2, TESTDATA
+from tests.integration.conftest import export_sum
 from tests.integration.daemon import Daemon
 from tests.integration.test_kserve_grpc import export_strings
 
 TWO_VERSIONS = TESTDATA / "saved_model_half_plus_two_2_versions"
-
-
-def export_sum(path):
-    """x [None,3] float32 -> doubled [None,3] and total (a scalar: no batch dimension, so never batched)."""
-
-    class Sum(tf.Module):
-        @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.float32, name="x")])
-        def serve(self, x):
-            return {"doubled": x * 2.0, "total": tf.reduce_sum(x)}
-
-    module = Sum()
-    tf.saved_model.save(module, str(path / "1"), signatures={"serving_default": module.serve})
 
 
 def start(tmp_path_factory, mlp_model, *flags):

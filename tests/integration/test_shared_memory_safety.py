@@ -17,8 +17,6 @@ import pytest
 import tritonclient.grpc as triton
 import tritonclient.http as httpclient
 
-from tests.integration.daemon import Daemon
-from tests.integration.test_kserve_config_and_stats import export_sum
 from tests.integration.test_kserve_shared_memory import expect_error
 
 SHM = Path("/dev/shm")
@@ -26,12 +24,8 @@ X = np.arange(6, dtype=np.float32).reshape(2, 3)
 
 
 @pytest.fixture(scope="module")
-def daemon(tmp_path_factory):
-    base = tmp_path_factory.mktemp("shm_safety_models") / "sum"
-    export_sum(base)
-    daemon = Daemon([f"--model_base_path={base}", "--model_name=sum"], tmp_path_factory.mktemp("servex"), rest=True)
-    yield daemon.wait_serving()
-    daemon.stop()
+def daemon(start_daemon, sum_model):
+    return start_daemon(f"--model_base_path={sum_model}", "--model_name=sum", rest=True)
 
 
 @pytest.fixture
