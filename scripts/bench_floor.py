@@ -5,7 +5,7 @@
 Every rung answers the kit's batch-1 KServe v2 ModelInfer on the MLP over loopback, driven by the kit's h2load
 driver (h2grpc.py, 4 connections at 32 callers), one server at a time:
 - echo: the kit's do-nothing grpc.aio server (echo_floor.py), the floor of one grpc.aio server;
-- listeners: the same fixed answer from servex's ListenerGroup (``--grpc_listeners``, default 8 grpc.aio servers
+- listeners: the same fixed answer from servex's ListenerGroup (``--grpc_listeners``, default 32 grpc.aio servers
   on the port), the floor of the rungs below, which all use it;
 - handoff: the same, but each call goes through servex's RunHandler to a worker thread and back (no TensorFlow);
 - tf: the same, and the worker runs the MLP's client graph through servex's GraphExecutor (the real run, a

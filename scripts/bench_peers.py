@@ -196,6 +196,24 @@ def main() -> None:
         print()
         for name, runs in rows.items():
             print(f"{name}: c={top} req/s by round: " + ", ".join(f"{row[top]['rps']:,.0f}" for row, _, _ in runs))
+        print_ratios(rows, top)
+
+
+def print_ratios(rows: dict[str, list], top: int) -> None:
+    """Each servex row against the better peer of the same round at ``top`` callers, round by round: a round
+    runs every server within minutes, so the ratio is steadier than the req/s when the machine's speed drifts."""
+    peers = [name for name in rows if name in ("kserve", "mlserver")]
+    if not peers:
+        return
+    rounds = min(len(rows[name]) for name in peers)
+    better = [max(rows[name][i][0][top]["rps"] for name in peers) for i in range(rounds)]
+    print()
+    for name, runs in rows.items():
+        if not name.startswith("servex"):
+            continue
+        ratios = [row[top]["rps"] / peer for (row, _, _), peer in zip(runs, better, strict=False)]
+        print(f"{name}: c={top} against the better peer by round: " + ", ".join(f"{r:.2f}x" for r in ratios)
+              + f"; median {statistics.median(ratios):.2f}x")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -106,8 +106,11 @@ class ServerSettings:
     # gRPC listeners on the port in this process (SO_REUSEPORT; the kernel spreads connections over them), each
     # accepting calls on its own: grpcio's asyncio server accepts one call at a time per listener, which limits a
     # process under load more than the work does (measured on 2 cores, MLP, 32 callers on 4 connections, batching:
-    # 4,600-4,900 requests/s with 1, 5,800-7,800 with 8). One connection is served by one listener.
-    grpc_listeners: int = 8
+    # 4,600-4,900 requests/s with 1, 5,800-7,800 with 8). One connection is served by one listener, and the kernel
+    # picks it by a hash of the connection's addresses, so two of a client's connections may land on one listener
+    # and share its accepts: with 4 connections, 59% of the time among 8 listeners, 18% among 32 (measured there:
+    # 7,031 against 8,026 requests/s, medians of 9 alternating runs). An idle listener costs a socket and a task.
+    grpc_listeners: int = 32
     # Pin the event loop thread (gRPC and REST calls, request handling) once the models are in, to this CPU: an
     # index among the CPUs the process may run on (on a whole host, CPU N). Other threads keep every CPU. -1: the
     # scheduler places it (the default: on a node where pods share CPUs, pinned loops could pile onto one).

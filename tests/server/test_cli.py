@@ -11,7 +11,7 @@ from server.settings import ServerSettings
 
 
 def test_grpc_listeners_default_and_flag():
-    assert parse_settings([])[0].grpc_listeners == ServerSettings().grpc_listeners == 8
+    assert parse_settings([])[0].grpc_listeners == ServerSettings().grpc_listeners == 32
     assert parse_settings(["--grpc_listeners=2"])[0].grpc_listeners == 2
 
 
