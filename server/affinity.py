@@ -6,7 +6,8 @@ among those the process may run on, so the same value works in a container given
 Under load the event loop thread is what limits a process (about 90% of a core at 32 callers on the MLP, the
 GIL held 76% of the time, the machine ~30% idle). Left to the scheduler it moves between CPUs and shares one with
 the run worker or the load; pinned, it keeps its core and its cache (measured on 2 cores, MLP, batching, 32
-callers, 13 alternating pairs of runs: about 6% more requests/s on average and a narrower spread). Off by
+callers, 13 alternating pairs of runs with 8 gRPC listeners: about 6% more requests/s on average and a narrower
+spread; with 32 listeners, the default since, no gain in 15 rounds of scripts/bench_peers.py). Off by
 default: on a shared node where every pod sees every CPU, pods pinning to the same CPU would pile onto it; use
 it on dedicated hosts or with Kubernetes' static CPU manager (a pod given whole CPUs).
 

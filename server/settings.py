@@ -114,8 +114,8 @@ class ServerSettings:
     # Pin the event loop thread (gRPC and REST calls, request handling) once the models are in, to this CPU: an
     # index among the CPUs the process may run on (on a whole host, CPU N). Other threads keep every CPU. -1: the
     # scheduler places it (the default: on a node where pods share CPUs, pinned loops could pile onto one).
-    # Measured on 2 cores, MLP, batching, 32 callers: about 6% more requests/s. In a group of serving processes,
-    # each takes the next allowed CPU. server/affinity.py says more.
+    # Measured on 2 cores, MLP, batching, 32 callers: about 6% more requests/s with 8 listeners, none with 32. In
+    # a group of serving processes, each takes the next allowed CPU. server/affinity.py says more.
     event_loop_cpu: int = -1
     # Processes serving the same ports (SO_REUSEPORT; the kernel spreads connections), each with its own copy of
     # the models and its own event loop: more throughput from more cores, for more memory. 1: this process serves.
