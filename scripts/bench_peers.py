@@ -12,7 +12,8 @@ at the highest concurrency for p99 and to count errors (h2load counts HTTP-level
 per-request log gives a second p99 there, from a client that takes little CPU from the server. Servers run one
 at a time. Prints one JSON line per measurement, then a markdown table. With ``--rounds R`` the whole list runs R
 times, servers alternating, and the table gives each figure's median over the rounds (the req/s of each round at
-the highest concurrency follow it): on a small shared machine one run can be 15% off either way.
+the highest concurrency follow it): on a small shared machine one run can be 15% off either way. Each servex row is
+then set against the better peer (KServe or MLServer) of the same round, round by round, with the median ratio.
 """
 
 from __future__ import annotations
