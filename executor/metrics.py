@@ -48,7 +48,7 @@ class CacheMetrics:
 
 RESTORE_SECONDS = Histogram(
     "servex_variable_restore_seconds",
-    "Time to read one variable from the checkpoint",
+    "Time to read variables from the checkpoint, per restore (the variables one client graph or prefetch needs)",
     LABELS,
     buckets=(0.0001, 0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
 )
@@ -79,7 +79,7 @@ class VariableMetrics(VariableHooks):
         self.assignments = ASSIGNMENTS.labels(model, version)
         self.states = {state: VARIABLES.labels(model, version, state) for state in STATES}
 
-    def restored(self, entry, seconds: float) -> None:
+    def restored(self, entries, seconds: float) -> None:
         self.restore_seconds.observe(seconds)
 
     def changed(self, store: VariableStore) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import glob
 import os
-import threading
 from collections import deque
 from dataclasses import dataclass
 
@@ -136,7 +135,8 @@ class CheckpointEntry:
 
 
 class Checkpoint:
-    """The variables checkpoint of a SavedModel: its index at open, one tensor's data per ``read``."""
+    """The variables checkpoint of a SavedModel: its index (names, dtypes, shapes), read at open; the data is
+    read by TensorFlow, one variable at a time (see ``loader.variables``)."""
 
     def __init__(self, saved_model_path: str):
         self.prefix = os.path.join(saved_model_path, "variables", "variables")
@@ -144,12 +144,11 @@ class Checkpoint:
         if not os.path.isfile(index):
             raise LoadError(f"{saved_model_path!r} has variables but no checkpoint index at {index!r}")
         try:
-            self._reader = tf.train.load_checkpoint(self.prefix)
+            reader = tf.train.load_checkpoint(self.prefix)
         except Exception as e:  # the index itself is unreadable
             raise LoadError(f"cannot read the checkpoint index {index!r}: {e}") from e
-        self._lock = threading.Lock()
-        shapes = self._reader.get_variable_to_shape_map()
-        dtypes = self._reader.get_variable_to_dtype_map()
+        shapes = reader.get_variable_to_shape_map()
+        dtypes = reader.get_variable_to_dtype_map()
         self.entries = {
             key: CheckpointEntry(key, np.dtype(dtypes[key].as_numpy_dtype), tuple(shapes[key])) for key in shapes
         }
@@ -171,8 +170,3 @@ class Checkpoint:
                 f"{expected} bytes of tensors: truncated or still being copied "
                 f"({', '.join(os.path.basename(s) for s in shards)})"
             )
-
-    def read(self, key: str) -> np.ndarray:
-        """Read one tensor's data from the data files."""
-        with self._lock:
-            return self._reader.get_tensor(key)

@@ -147,8 +147,8 @@ def load_saved_model(
         meta_graph = loader.get_meta_graph_def_from_tags(list(tags))
         with graph.as_default():
             loader.load_graph(graph, list(tags))
-            records, checkpoint = _variable_records(graph, meta_graph, path)
-        variables = VariableStore(records, checkpoint.read if checkpoint else None, session, device, transfer, hooks)
+            records = _variable_records(graph, meta_graph, path)
+        variables = VariableStore(records, session, device, transfer, hooks)
         with graph.as_default():
             init_op = loader_impl.get_init_op(meta_graph)
         needed = list(records) if not lazy_restore else _variables_read_by([init_op] if init_op is not None else [])
@@ -189,33 +189,51 @@ def load_saved_model(
     )
 
 
-def _variable_records(graph: tf.Graph, meta_graph, path: str) -> tuple[dict[str, VariableRecord], Checkpoint | None]:
-    """For each variable the saver restores: its checkpoint entry, and a placeholder/assign pair to set it."""
+def _variable_records(graph: tf.Graph, meta_graph, path: str) -> dict[str, VariableRecord]:
+    """For each variable the saver restores: its checkpoint entry, the op that restores it from there inside
+    TensorFlow, and a placeholder/assign pair to replace its value."""
     keys = variable_checkpoint_keys(meta_graph)
     by_object = object_graph_keys(meta_graph)
     if not keys and not by_object:
-        return {}, None
+        return {}
     checkpoint = Checkpoint(path)
     for name, key in by_object.items():  # variables the restore function does not name (Keras 3 exports)
         if name not in keys and key in checkpoint.entries:
             keys[name] = key
+    with tf.name_scope("servex_restore"):
+        prefix = tf.constant(checkpoint.prefix, name="prefix")
+        whole = tf.constant([""], name="whole_tensor")  # RestoreV2's shape_and_slices: the entire entry
     records = {}
     for i, (name, key) in enumerate(sorted(keys.items())):
         entry = checkpoint.entries.get(key)
         if entry is None:
             raise LoadError(f"{path!r}: variable {name!r} reads checkpoint entry {key!r}, which the index lacks")
-        op = graph.get_operation_by_name(name)
-        resource = op.type == "VarHandleOp"
+        variable = graph.get_operation_by_name(name).outputs[0]
+        resource = variable.op.type == "VarHandleOp"
+        dtype = tf.as_dtype(entry.dtype)
+        declared_dtype = tf.as_dtype(variable.op.get_attr("dtype"))
+        declared_shape = tf.TensorShape(variable.op.get_attr("shape"))
+        if declared_dtype != dtype or not declared_shape.is_compatible_with(entry.shape):
+            declared = None if declared_shape.rank is None else tuple(declared_shape.as_list())
+            raise LoadError(
+                f"{path!r}: variable {name!r} is {declared_dtype.name}{shape_text(declared)}, but its checkpoint "
+                f"entry {key!r} holds {dtype.name}{shape_text(entry.shape)}"
+            )
         with tf.name_scope(f"servex_restore/{i}"):
-            value = tf.compat.v1.placeholder(tf.as_dtype(entry.dtype), shape=entry.shape, name="value")
-            if resource:
-                assign = tf.raw_ops.AssignVariableOp(resource=op.outputs[0], value=value)
-            else:
-                assign = tf.raw_ops.Assign(ref=op.outputs[0], value=value, validate_shape=True, use_locking=True).op
+            value = tf.compat.v1.placeholder(dtype, shape=entry.shape, name="value")
+            assign = _assign(variable, value, resource, "assign")
+            stored = tf.raw_ops.RestoreV2(prefix=prefix, tensor_names=[key], shape_and_slices=whole, dtypes=[dtype])
+            restore = _assign(variable, stored[0], resource, "restore")
         records[name] = VariableRecord(
-            name, key, entry.dtype, entry.shape, entry.nbytes, value.name, assign.name, resource
+            name, key, entry.dtype, entry.shape, entry.nbytes, value.name, assign.name, restore.name, resource
         )
-    return records, checkpoint
+    return records
+
+
+def _assign(variable: tf.Tensor, value: tf.Tensor, resource: bool, name: str) -> tf.Operation:
+    if resource:
+        return tf.raw_ops.AssignVariableOp(resource=variable, value=value, name=name)
+    return tf.raw_ops.Assign(ref=variable, value=value, validate_shape=True, use_locking=True, name=name).op
 
 
 def _variables_read_by(ops) -> list[str]:

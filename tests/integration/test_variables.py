@@ -113,8 +113,8 @@ def test_concurrent_first_calls_restore_the_table_once(lazy, cold_model):
     assert errors == [] and len(results) == 10
     for r in results:
         np.testing.assert_allclose(r, expected_score(table, w, ids), rtol=1e-5)
-    # table and w, each read from the checkpoint exactly once
-    assert metric(daemon, "servex_variable_restore_seconds_count", model="cold") == restores_before + 2
+    # table and w, read from the checkpoint once, together (one restore for the client graph that needs both)
+    assert metric(daemon, "servex_variable_restore_seconds_count", model="cold") == restores_before + 1
     assert states(admin_stub(admin))[0] == {"table": "ON_DEVICE", "w": "ON_DEVICE", "scale": "ON_DEVICE"}
     assert metric(daemon, "servex_restored_variable_bytes", model="cold") == ROWS * WIDTH * 4 + WIDTH * 4 + 4
 

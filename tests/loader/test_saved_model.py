@@ -187,6 +187,23 @@ def test_truncated_variables(tmp_path, testdata):
     assert "restore" in error.message.lower() or "bytes" in error.message.lower(), error.message
 
 
+def test_a_checkpoint_entry_of_another_shape_fails_at_load(tmp_path):
+    def export(path: Path, shape: tuple[int, int]) -> Path:
+        module = tf.Module()
+        module.w = tf.Variable(tf.zeros(shape), name="w")
+        module.f = tf.function(lambda x: {"y": x * tf.reduce_sum(module.w)}, input_signature=[tf.TensorSpec([None])])
+        tf.saved_model.save(module, str(path), signatures={"serving_default": module.f})
+        return path
+
+    model = export(tmp_path / "1", (2, 3))
+    other = export(tmp_path / "other", (3, 2))
+    shutil.rmtree(model / "variables")
+    shutil.copytree(other / "variables", model / "variables")  # same key, another shape
+    error = assert_load_error(model)
+    assert "'w'" in error.message and "float32[2,3]" in error.message and "float32[3,2]" in error.message
+    assert "w/.ATTRIBUTES/VARIABLE_VALUE" in error.message
+
+
 def test_wrong_tag_set(testdata):
     with pytest.raises(LoadError) as info:
         load_saved_model(str(TF1_PATH), tags=("gpu",))
