@@ -135,8 +135,8 @@ class CheckpointEntry:
 
 
 class Checkpoint:
-    """The variables checkpoint of a SavedModel: its index (names, dtypes, shapes), read at open; the data is
-    read by TensorFlow, one variable at a time (see ``loader.variables``)."""
+    """The variables checkpoint of a SavedModel: its index (names, dtypes, shapes), read at open. The data is read
+    later by TensorFlow itself, straight into the variables (see ``loader.variables``)."""
 
     def __init__(self, saved_model_path: str):
         self.prefix = os.path.join(saved_model_path, "variables", "variables")

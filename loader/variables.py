@@ -91,7 +91,7 @@ class RestoreRegistry:
         """A future that completes when every one of ``names`` is read. The caller reads, in its own thread (callers
         are on the restore pool) and in one ``read``, those no one has read or is reading; it shares the reads of
         the others. After a failed read, the next caller tries those variables again."""
-        entries = [self.get(name) for name in names]
+        entries = [self.get(name) for name in dict.fromkeys(names)]
         with self._lock:
             mine = [entry for entry in entries if entry.future is None]
             for entry in mine:
