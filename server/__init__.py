@@ -5,5 +5,5 @@ services (TensorFlow Serving's PredictionService and ModelService, KServe v2 / T
 reflection), REST, the Prometheus /metrics endpoint and shutdown. Protocol adapters (server/tfserving.py,
 server/kserve.py, server/rest_*.py) are thin: they decode tensors (server/tensors.py, server/v2_types.py; Triton's
 shared memory regions in server/shared_memory.py) and call the one ServingCore (server/core.py), which hands
-runs to `executor/`.
+runs to `executor/`. server/warmup.py replays a version's warm-up records through that core before it serves.
 """

@@ -42,12 +42,13 @@ from server.metrics import model_load, start_metrics_server, watch_loop_lag
 from server.rest import RestServer
 from server.settings import ServerSettings
 from server.tfserving import ModelService, PredictionService, SessionService
+from server.warmup import Warmup
 from transfer import DeviceError, make_factory
 
 log = logging.getLogger("servex")
 
 
-def make_manager(settings: ServerSettings) -> ModelManager[GraphExecutor]:
+def make_manager(settings: ServerSettings, warmup: Warmup | None = None) -> ModelManager[GraphExecutor]:
     config = tf.compat.v1.ConfigProto(
         intra_op_parallelism_threads=settings.tensorflow_intra_op_parallelism,
         inter_op_parallelism_threads=settings.tensorflow_inter_op_parallelism,
@@ -79,6 +80,12 @@ def make_manager(settings: ServerSettings) -> ModelManager[GraphExecutor]:
             metrics=CacheMetrics(name, str(version)),
         )
         executor.batching = batching
+        if warmup is not None and settings.enable_model_warmup:
+            try:
+                warmup(name, version, path, executor)  # before the version serves
+            except BaseException:
+                executor.close()
+                raise
         return executor
 
     return ModelManager(
@@ -263,11 +270,6 @@ async def serve(settings: ServerSettings) -> int:
     # Alone, a port already in use must fail the start; several serving processes share theirs.
     server = ListenerGroup(settings.grpc_listeners, options, shared_port=settings.process_group_size > 1)
     try:
-        manager = make_manager(settings)
-    except DeviceError as e:  # --device unknown or not usable here (no CuPy, no GPU): fail at start
-        log.error("%s", e)
-        return 1
-    try:
         batching = batching_options(settings)
     except (OSError, InvalidArgument) as e:
         log.error("%s", e)
@@ -281,6 +283,19 @@ async def serve(settings: ServerSettings) -> int:
         hold_seconds=settings.result_hold_micros / 1e6,
         lower_priority_burst=settings.lower_priority_burst,
     )
+    warmup = Warmup(
+        loop,
+        run_handler,
+        iterations=settings.num_request_iterations_for_warmup,
+        pin_signature_graphs=settings.pin_signature_graphs,
+        max_tensor_bytes=settings.max_message_bytes,
+    )
+    try:
+        manager = make_manager(settings, warmup)
+    except DeviceError as e:  # --device unknown or not usable here (no CuPy, no GPU): fail at start
+        log.error("%s", e)
+        run_handler.close()
+        return 1
     core = ServingCore(manager, run_handler, settings.pin_signature_graphs, settings.max_message_bytes)
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
         PredictionService(core, settings.tensor_content_outputs, settings.max_message_bytes), server

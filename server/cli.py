@@ -113,6 +113,20 @@ def build_parser() -> argparse.ArgumentParser:
         "load (load-time failure for users who want it)",
     )
     p.add_argument(
+        "--enable_model_warmup",
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=d.enable_model_warmup,
+        help="replay a version's assets.extra/tf_serving_warmup_requests after it loads, before it serves",
+    )
+    p.add_argument(
+        "--num_request_iterations_for_warmup",
+        type=int,
+        default=d.num_request_iterations_for_warmup,
+        help="times each warm-up record is replayed (at least 1)",
+    )
+    p.add_argument(
         "--prefetch_variables",
         action="append",
         default=[],
@@ -295,6 +309,10 @@ def parse_settings(argv: list[str] | None = None) -> tuple[ServerSettings, str]:
             affinity.resolve(args.event_loop_cpu)
         except ValueError as e:
             build_parser().error(str(e))
+    if args.num_request_iterations_for_warmup < 1:
+        build_parser().error(
+            f"--num_request_iterations_for_warmup must be at least 1, got {args.num_request_iterations_for_warmup}"
+        )
     if args.serving_processes < 1:
         build_parser().error(f"--serving_processes must be at least 1, got {args.serving_processes}")
     if args.serving_processes > 1 and admin_port:
@@ -333,6 +351,8 @@ def parse_settings(argv: list[str] | None = None) -> tuple[ServerSettings, str]:
         result_hold_micros=args.result_hold_micros,
         lower_priority_burst=args.lower_priority_burst,
         lazy_restore=args.lazy_restore,
+        enable_model_warmup=args.enable_model_warmup,
+        num_request_iterations_for_warmup=args.num_request_iterations_for_warmup,
         prefetch_variables=prefetch,
         admin_port=admin_port,
         admin_bind_address=args.admin_bind_address,

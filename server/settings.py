@@ -50,6 +50,10 @@ class ServerSettings:
     pin_signature_graphs: bool = True
     # Read a variable's data only when a client graph first needs it (false: restore everything at load).
     lazy_restore: bool = True
+    # Replay a version's assets.extra/tf_serving_warmup_requests (TensorFlow Serving's warm-up records) after it
+    # loads and before it serves, this many times each (TensorFlow Serving's flags and defaults).
+    enable_model_warmup: bool = True
+    num_request_iterations_for_warmup: int = 1
     # Variables restored in the background right after a version loads: model name -> variable names.
     prefetch_variables: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # Admin gRPC port (VariableService); 0: off unless a token file is given (then 8503).

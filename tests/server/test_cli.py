@@ -15,13 +15,20 @@ def test_grpc_listeners_default_and_flag():
     assert parse_settings(["--grpc_listeners=2"])[0].grpc_listeners == 2
 
 
-@pytest.mark.parametrize("flag", ["--grpc_listeners", "--serving_processes"])
+@pytest.mark.parametrize("flag", ["--grpc_listeners", "--serving_processes", "--num_request_iterations_for_warmup"])
 @pytest.mark.parametrize("value", ["0", "-1"])
 def test_a_count_below_one_is_refused_naming_the_flag(flag, value, capsys):
     with pytest.raises(SystemExit) as info:
         parse_settings([f"{flag}={value}"])
     assert info.value.code == 2
     assert f"{flag} must be at least 1, got {value}" in capsys.readouterr().err
+
+
+def test_model_warmup_defaults_and_flags():
+    settings = parse_settings([])[0]
+    assert settings.enable_model_warmup is True and settings.num_request_iterations_for_warmup == 1
+    settings = parse_settings(["--enable_model_warmup=false", "--num_request_iterations_for_warmup=3"])[0]
+    assert settings.enable_model_warmup is False and settings.num_request_iterations_for_warmup == 3
 
 
 def test_event_loop_cpu_default_off_and_flag():
