@@ -14,6 +14,7 @@ reason, as in TensorFlow Serving (and the load is retried as any failed load).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import time
 from pathlib import Path
@@ -127,7 +128,15 @@ class Warmup:
         if on_loop:
             raise RuntimeError("warm-up waits for the event loop: run it from a loading thread, not the loop")
         start = time.monotonic()
-        asyncio.run_coroutine_threadsafe(self._run(name, records, core), self.loop).result()
+        done = asyncio.run_coroutine_threadsafe(self._run(name, records, core), self.loop)
+        while True:
+            try:
+                done.result(timeout=1.0)
+                break
+            except concurrent.futures.TimeoutError:
+                if not self.loop.is_running():  # the server stopped: its loop will never finish this
+                    done.cancel()
+                    raise LoadError(f"the server stopped while model {name!r} version {version} warmed up") from None
         log.info(
             "model %r version %d: warmed up with %d records x %d in %.2fs",
             name, version, len(records), self.iterations, time.monotonic() - start,

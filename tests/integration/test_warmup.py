@@ -107,6 +107,7 @@ def warm_and_cold(start_daemon, tmp_path_factory):
 def test_warm_up_runs_every_record_before_the_version_serves(warm_and_cold):
     (warm, warm_admin), (cold, cold_admin) = warm_and_cold
     # Before any client call, warm-up has built client graphs, run and restored only what the records read...
+    assert metric(warm, "servex_requests_total", model="hp2") == 0  # warm-up is no client's request
     built, runs = (metric(warm, f"servex_{m}", model="hp2") for m in ("client_graph_builds_total", "run_seconds_count"))
     warmed = variable_states(warm_admin, "hp2")
     assert built > 0 and "ON_DEVICE" in warmed.values() and "UNRESTORED" in warmed.values()
