@@ -37,6 +37,7 @@ def _parse_function_ref(ref: str) -> tuple[str, int]:
 def _keys_in(nodes: dict, parse, resolve_variable) -> dict[str, str]:
     """Variable -> checkpoint key, from the RestoreV2 ops among ``nodes`` and the assigns fed by them."""
     found = {}
+    decoded: dict[str, list[str]] = {}  # names node -> its keys, decoded once (one RestoreV2 names them all)
     for node in nodes.values():
         if node.op not in ASSIGN_OPS:
             continue
@@ -49,7 +50,9 @@ def _keys_in(nodes: dict, parse, resolve_variable) -> dict[str, str]:
         names_node = nodes.get(parse(restore.input[1])[0])
         if names_node is None or names_node.op != "Const":
             continue
-        keys = [k.decode() for k in names_node.attr["value"].tensor.string_val]
+        keys = decoded.get(names_node.name)
+        if keys is None:
+            keys = decoded[names_node.name] = [k.decode() for k in names_node.attr["value"].tensor.string_val]
         variable = resolve_variable(node.input[0])
         if variable is not None and index < len(keys):
             found[variable] = keys[index]
@@ -75,14 +78,12 @@ def variable_checkpoint_keys(meta_graph: meta_graph_pb2.MetaGraphDef) -> dict[st
     functions = {f.signature.name: f for f in graph.library.function}
     if call is not None and "f" in call.attr and call.attr["f"].func.name in functions:
         function = functions[call.attr["f"].func.name]
-        args = [a.name for a in function.signature.input_arg]
+        args = {a.name: i for i, a in enumerate(function.signature.input_arg)}
         call_inputs = [i for i in call.input if not i.startswith("^")]
 
         def argument_variable(ref: str) -> str | None:
-            name = _parse_function_ref(ref)[0]
-            if name not in args:
-                return None
-            return top_level_variable(call_inputs[args.index(name)])
+            index = args.get(_parse_function_ref(ref)[0])
+            return None if index is None else top_level_variable(call_inputs[index])
 
         keys.update(_keys_in({n.name: n for n in function.node_def}, _parse_function_ref, argument_variable))
     return keys
