@@ -34,10 +34,19 @@ def _parse_function_ref(ref: str) -> tuple[str, int]:
     return parts[0], int(parts[2]) if len(parts) == 3 else 0
 
 
-def _keys_in(nodes: dict, parse, resolve_variable) -> dict[str, str]:
-    """Variable -> checkpoint key, from the RestoreV2 ops among ``nodes`` and the assigns fed by them."""
+def _keys_in(nodes: dict, parse, resolve_variable) -> dict[str, tuple[str, str]]:
+    """Variable -> (checkpoint key, slice spec), from the RestoreV2 ops among ``nodes`` and the assigns they feed."""
     found = {}
-    decoded: dict[str, list[str]] = {}  # names node -> its keys, decoded once (one RestoreV2 names them all)
+    decoded: dict[str, list[str]] = {}  # Const node -> its strings, decoded once (one RestoreV2 names them all)
+
+    def strings(ref: str) -> list[str] | None:
+        node = nodes.get(parse(ref)[0])
+        if node is None or node.op != "Const":
+            return None
+        if node.name not in decoded:
+            decoded[node.name] = [v.decode() for v in node.attr["value"].tensor.string_val]
+        return decoded[node.name]
+
     for node in nodes.values():
         if node.op not in ASSIGN_OPS:
             continue
@@ -47,23 +56,20 @@ def _keys_in(nodes: dict, parse, resolve_variable) -> dict[str, str]:
         restore = nodes.get(source)
         if restore is None or restore.op != "RestoreV2":
             continue
-        names_node = nodes.get(parse(restore.input[1])[0])
-        if names_node is None or names_node.op != "Const":
-            continue
-        keys = decoded.get(names_node.name)
-        if keys is None:
-            keys = decoded[names_node.name] = [k.decode() for k in names_node.attr["value"].tensor.string_val]
+        keys, slices = strings(restore.input[1]), strings(restore.input[2])
         variable = resolve_variable(node.input[0])
-        if variable is not None and index < len(keys):
-            found[variable] = keys[index]
+        if variable is not None and keys is not None and index < len(keys):
+            found[variable] = (keys[index], slices[index] if slices and index < len(slices) else "")
     return found
 
 
-def variable_checkpoint_keys(meta_graph: meta_graph_pb2.MetaGraphDef) -> dict[str, str]:
-    """Map each variable op of the graph to its checkpoint key, read off the saver's restore op.
+def variable_checkpoint_entries(meta_graph: meta_graph_pb2.MetaGraphDef) -> dict[str, tuple[str, str]]:
+    """Map each variable op of the graph to its checkpoint key and slice spec, read off the saver's restore op.
 
     TF1 graphs restore at the top level (``save/RestoreV2`` -> ``Assign``); TF2 graphs call a restore function
-    whose arguments are the variables' handles.
+    whose arguments are the variables' handles. The slice spec is empty for a whole tensor; a TF1 partitioned
+    variable's parts each read a slice of one entry (``"10 4 0,5:0,4"``: the full shape, then start,length per
+    dimension).
     """
     graph: graph_pb2.GraphDef = meta_graph.graph_def
     nodes = {n.name: n for n in graph.node}
@@ -72,7 +78,7 @@ def variable_checkpoint_keys(meta_graph: meta_graph_pb2.MetaGraphDef) -> dict[st
         name = _parse_graph_ref(ref)[0]
         return name if name in nodes and nodes[name].op in VARIABLE_OPS else None
 
-    keys = _keys_in(nodes, _parse_graph_ref, top_level_variable)
+    entries = _keys_in(nodes, _parse_graph_ref, top_level_variable)
     restore_name = _parse_graph_ref(meta_graph.saver_def.restore_op_name)[0] if meta_graph.saver_def else ""
     call = nodes.get(restore_name)
     functions = {f.signature.name: f for f in graph.library.function}
@@ -85,8 +91,21 @@ def variable_checkpoint_keys(meta_graph: meta_graph_pb2.MetaGraphDef) -> dict[st
             index = args.get(_parse_function_ref(ref)[0])
             return None if index is None else top_level_variable(call_inputs[index])
 
-        keys.update(_keys_in({n.name: n for n in function.node_def}, _parse_function_ref, argument_variable))
-    return keys
+        entries.update(_keys_in({n.name: n for n in function.node_def}, _parse_function_ref, argument_variable))
+    return entries
+
+
+def slice_shape(spec: str, where: str) -> tuple[int, ...]:
+    """The shape of the slice a slice spec (``"10 4 0,5:0,4"``, ``-`` for a whole dimension) reads."""
+    full, _, extents = spec.rpartition(" ")
+    try:
+        dims = [int(d) for d in full.split()]
+        parts = extents.split(":")
+        if len(parts) != len(dims):
+            raise ValueError(f"{len(parts)} extents for {len(dims)} dimensions")
+        return tuple(d if part == "-" else int(part.split(",")[1]) for d, part in zip(dims, parts, strict=True))
+    except (ValueError, IndexError) as e:
+        raise LoadError(f"{where}: slice spec {spec!r} is not understood: {e}") from e
 
 
 VARIABLE_VALUE = ".ATTRIBUTES/VARIABLE_VALUE"

@@ -17,7 +17,14 @@ from tensorflow.core.framework import types_pb2
 from tensorflow.core.protobuf import meta_graph_pb2
 from tensorflow.python.saved_model import loader_impl
 
-from loader.checkpoint import VARIABLE_OPS, Checkpoint, object_graph_keys, variable_checkpoint_keys
+from loader.checkpoint import (
+    VARIABLE_OPS,
+    Checkpoint,
+    CheckpointEntry,
+    object_graph_keys,
+    slice_shape,
+    variable_checkpoint_entries,
+)
 from loader.errors import LoadError
 from loader.variables import VariableHooks, VariableRecord, VariableStore
 
@@ -190,24 +197,28 @@ def load_saved_model(
 
 
 def _variable_records(graph: tf.Graph, meta_graph, path: str) -> dict[str, VariableRecord]:
-    """For each variable the saver restores: its checkpoint entry, the op that restores it from there inside
-    TensorFlow, and a placeholder/assign pair to replace its value."""
-    keys = variable_checkpoint_keys(meta_graph)
+    """For each variable the saver restores: its checkpoint entry (or, for a part of a partitioned variable, its
+    slice of one), the op that restores it from there inside TensorFlow, and a placeholder/assign pair to replace
+    its value."""
+    sources = variable_checkpoint_entries(meta_graph)  # variable -> (key, slice spec)
     by_object = object_graph_keys(meta_graph)
-    if not keys and not by_object:
+    if not sources and not by_object:
         return {}
     checkpoint = Checkpoint(path)
     for name, key in by_object.items():  # variables the restore function does not name (Keras 3 exports)
-        if name not in keys and key in checkpoint.entries:
-            keys[name] = key
+        if name not in sources and key in checkpoint.entries:
+            sources[name] = (key, "")
     with tf.name_scope("servex_restore"):
         prefix = tf.constant(checkpoint.prefix, name="prefix")
         whole = tf.constant([""], name="whole_tensor")  # RestoreV2's shape_and_slices: the entire entry
     records = {}
-    for i, (name, key) in enumerate(sorted(keys.items())):
+    for i, (name, (key, spec)) in enumerate(sorted(sources.items())):
         entry = checkpoint.entries.get(key)
         if entry is None:
             raise LoadError(f"{path!r}: variable {name!r} reads checkpoint entry {key!r}, which the index lacks")
+        where = f"checkpoint entry {key!r}" + (f" (slice {spec!r})" if spec else "")
+        if spec:  # a part of a partitioned variable: what it holds is a slice of the entry
+            entry = CheckpointEntry(key, entry.dtype, slice_shape(spec, f"{path!r}: variable {name!r}"))
         variable = graph.get_operation_by_name(name).outputs[0]
         resource = variable.op.type == "VarHandleOp"
         dtype = tf.as_dtype(entry.dtype)
@@ -216,13 +227,14 @@ def _variable_records(graph: tf.Graph, meta_graph, path: str) -> dict[str, Varia
         if declared_dtype != dtype or not declared_shape.is_compatible_with(entry.shape):
             declared = None if declared_shape.rank is None else tuple(declared_shape.as_list())
             raise LoadError(
-                f"{path!r}: variable {name!r} is {declared_dtype.name}{shape_text(declared)}, but its checkpoint "
-                f"entry {key!r} holds {dtype.name}{shape_text(entry.shape)}"
+                f"{path!r}: variable {name!r} is {declared_dtype.name}{shape_text(declared)}, but its {where} "
+                f"holds {dtype.name}{shape_text(entry.shape)}"
             )
         with tf.name_scope(f"servex_restore/{i}"):
             value = tf.compat.v1.placeholder(dtype, shape=entry.shape, name="value")
             assign = _assign(variable, value, resource, "assign")
-            stored = tf.raw_ops.RestoreV2(prefix=prefix, tensor_names=[key], shape_and_slices=whole, dtypes=[dtype])
+            part = tf.constant([spec], name="slice") if spec else whole
+            stored = tf.raw_ops.RestoreV2(prefix=prefix, tensor_names=[key], shape_and_slices=part, dtypes=[dtype])
             restore = _assign(variable, stored[0], resource, "restore")
         records[name] = VariableRecord(
             name, key, entry.dtype, entry.shape, entry.nbytes, value.name, assign.name, restore.name, resource

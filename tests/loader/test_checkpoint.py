@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
-from loader.checkpoint import Checkpoint, variable_checkpoint_keys
+from loader.checkpoint import Checkpoint, slice_shape, variable_checkpoint_entries
 from loader.errors import LoadError
 from tests.conftest import COUNTER, HALF_PLUS_TWO_TF1, HALF_PLUS_TWO_TF2
 
@@ -27,7 +27,9 @@ def meta_graph(path):
     ids=["tf1", "tf2", "counter"],
 )
 def test_variable_keys(path, expected):
-    keys = variable_checkpoint_keys(meta_graph(path))
+    entries = variable_checkpoint_entries(meta_graph(path))
+    assert {variable for variable, (_, spec) in entries.items() if spec} == set()  # whole tensors, no slices
+    keys = {variable: key for variable, (key, _) in entries.items()}
     assert keys == expected
     checkpoint = Checkpoint(str(path))
     assert set(keys.values()) <= set(checkpoint.entries)
@@ -54,3 +56,12 @@ def test_missing_index_fails_at_open(tmp_path):
     (version / "variables" / "variables.index").unlink()
     with pytest.raises(LoadError, match="no checkpoint index"):
         Checkpoint(str(version))
+
+
+def test_slice_specs():
+    assert slice_shape("10 4 0,5:0,4", "here") == (5, 4)
+    assert slice_shape("10 4 5,5:-", "here") == (5, 4)
+    assert slice_shape("7 0,3", "here") == (3,)
+    for bad in ("10 4 0,5", "10 4 0,x:0,4", "nonsense"):
+        with pytest.raises(LoadError, match=f"here: slice spec {bad!r} is not understood"):
+            slice_shape(bad, "here")

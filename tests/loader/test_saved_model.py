@@ -187,6 +187,42 @@ def test_truncated_variables(tmp_path, testdata):
     assert "restore" in error.message.lower() or "bytes" in error.message.lower(), error.message
 
 
+@pytest.mark.parametrize("lazy", [True, False], ids=["lazy", "eager"])
+def test_a_partitioned_tf1_variable_serves_its_saved_values(tmp_path, lazy):
+    """Each part of a TF1 partitioned variable reads its slice of the one checkpoint entry."""
+    path, ids = tmp_path / "1", np.array([0, 4, 5, 9], np.int64)
+    graph = tf.Graph()
+    with graph.as_default(), tf.compat.v1.Session(graph=graph) as sess:
+        x = tf.compat.v1.placeholder(tf.int64, [None], name="ids")
+        table = tf.compat.v1.get_variable(
+            "emb", shape=[10, 4], initializer=tf.compat.v1.random_normal_initializer(seed=7),
+            partitioner=tf.compat.v1.fixed_size_partitioner(2),
+        )  # fmt: skip
+        y = tf.identity(tf.nn.embedding_lookup(table, x), name="y")
+        sess.run(tf.compat.v1.global_variables_initializer())
+        values = np.arange(40, dtype=np.float32).reshape(10, 4)
+        for part, rows in zip(table, (values[:5], values[5:]), strict=True):  # each part its own rows
+            sess.run(part.assign(rows))
+        expected = sess.run(y, {x: ids})
+        np.testing.assert_array_equal(expected, values[ids])
+        builder = tf.compat.v1.saved_model.Builder(str(path))
+        signature = tf.compat.v1.saved_model.predict_signature_def({"ids": x}, {"y": y})
+        builder.add_meta_graph_and_variables(sess, ["serve"], signature_def_map={"serving_default": signature})
+        builder.save()
+    model = load_saved_model(str(path), lazy_restore=lazy)
+    try:
+        records = model.variables.records
+        assert {n: (r.key, r.shape, r.nbytes) for n, r in records.items()} == {
+            "emb/part_0": ("emb", (5, 4), 80),
+            "emb/part_1": ("emb", (5, 4), 80),
+        }
+        sig = model.signatures["serving_default"]
+        got = GraphExecutor(model).run({sig.inputs["ids"].name: ids}, [sig.outputs["y"].name])[0]
+        np.testing.assert_array_equal(got, expected)  # rows 0 and 4 from the first part, 5 and 9 from the second
+    finally:
+        model.close()
+
+
 def test_a_checkpoint_entry_of_another_shape_fails_at_load(tmp_path):
     def export(path: Path, shape: tuple[int, int]) -> Path:
         module = tf.Module()
