@@ -23,8 +23,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
+import tensorflow as tf
 
-from loader.errors import InvalidArgument, NotFound, ServingError
+from loader.errors import InvalidArgument, NotFound, ServingError, error_with_code
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,15 @@ PREPARE_POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="servex-prep
 
 class AlreadyExists(ServingError):
     code = "ALREADY_EXISTS"
+
+
+def _op_error_text(e: tf.errors.OpError) -> str:
+    """TensorFlow's words for a failed op, without what the session adds to an op built in Python (where it was
+    built, and the node's name)."""
+    text = e.message
+    if "\nNode: " in text:  # "Graph execution error: Detected at node ... defined at (stack) Node: 'name'"
+        text = text.split("\nNode: ", 1)[1].partition("\n")[2]
+    return text.split("\n\t [[", 1)[0].strip()
 
 
 def _spec(dtype: np.dtype, shape: tuple[int, ...]) -> str:
@@ -296,7 +306,14 @@ class VariableStore:
           stays held: the process kept twice the table, until 2026-11-24.
         - One run per variable instead made TensorFlow build an executor for each (pruning the whole graph each
           time): 300 variables took 18 s to restore, 2,000 over 20 minutes."""
-        self._session.run([self.records[n].restore for n in names])
+        try:
+            self._session.run([self.records[n].restore for n in names])
+        except tf.errors.OpError as e:  # the checkpoint's files changed or broke after the load
+            first = sorted(names)[:5]
+            shown = ", ".join(map(repr, first)) + (f" and {len(names) - len(first)} more" if len(names) > 5 else "")
+            raise error_with_code(
+                13, f"reading variable(s) {shown} from the checkpoint failed: {_op_error_text(e)}"
+            ) from e
 
     def _assign(self, record: VariableRecord, value: np.ndarray) -> None:
         if self._transfer is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import threading
@@ -12,7 +13,7 @@ import pytest
 
 from executor import GraphExecutor
 from loader import load_saved_model
-from loader.errors import InvalidArgument, NotFound
+from loader.errors import InvalidArgument, NotFound, ServingError
 from loader.variables import ON_DEVICE, RESTORE_POOL, UNRESTORED, AlreadyExists, LoadedVariableRegistry, RestoreRegistry
 from tests.conftest import HALF_PLUS_TWO_TF1, HALF_PLUS_TWO_TF2, REPO
 
@@ -183,3 +184,26 @@ def test_an_embedding_table_is_held_once_after_its_first_lookup(tmp_path):
     table = rows * 64 * 4
     assert result["rows"] == [[0.0, 1.0], [(rows - 1) * 64.0, (rows - 1) * 64.0 + 1]]  # the checkpoint's values
     assert table * 0.9 < result["grown"] < table * 1.5, result["grown"]
+
+
+def test_a_checkpoint_broken_after_the_load_fails_the_run_clearly_and_a_repaired_one_serves(tmp_path):
+    version = tmp_path / "1"
+    shutil.copytree(HALF_PLUS_TWO_TF2 / "00000123", version, copy_function=shutil.copyfile)
+    (data,) = (version / "variables").glob("variables.data-*")
+    good = data.read_bytes()
+    model = load_saved_model(str(version))  # lazily: the data is not read yet
+    try:
+        sig = model.signatures["serving_default"]
+        executor = GraphExecutor(model)
+        data.write_bytes(b"")  # the file breaks under the loaded version
+        with pytest.raises(ServingError) as info:
+            executor.run({sig.inputs["x"].name: np.ones(1, np.float32)}, [sig.outputs["y"].name])
+        assert info.value.code == "INTERNAL"
+        assert info.value.message.startswith("reading variable(s) 'a', 'b' from the checkpoint failed: ")
+        assert "Detected at node" not in info.value.message and "File " not in info.value.message
+        assert {state for _, state in model.variables.listing()} == {UNRESTORED}
+        data.write_bytes(good)  # repaired: the next run reads it
+        y = executor.run({sig.inputs["x"].name: np.full(1, 2.0, np.float32)}, [sig.outputs["y"].name])[0]
+        assert y.tolist() == [3.0]  # 0.5 * 2 + 2
+    finally:
+        model.close()
