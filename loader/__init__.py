@@ -1,8 +1,9 @@
 """loader: what is served.
 
 Owns reading SavedModels (TF1 and TF2, tag ``serve``) into a graph and session with their signatures, the
-layout of numbered version folders under a model's base path, the ModelManager that keeps the served versions,
-and the ServingError types every layer raises. It imports neither `server/` nor `executor/`.
+layout of numbered version folders under a model's base path, a version's warm-up records
+(loader/warmup_records.py), the ModelManager that keeps the served versions, and the ServingError types every
+layer raises. It imports neither `server/` nor `executor/`.
 """
 
 from loader.errors import InvalidArgument, LoadError, NotFound, PermissionDenied, ServingError

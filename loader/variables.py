@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import tensorflow as tf
@@ -103,31 +104,22 @@ class RestoreRegistry:
         the others. After a failed read, the next caller tries those variables again."""
         entries = [self.get(name) for name in dict.fromkeys(names)]
         with self._lock:
-            mine = [entry for entry in entries if entry.future is None]
+            mine = [entry for entry in entries if not _live(entry.future)]
             for entry in mine:
                 entry.future = Future()
-                entry.future.set_running_or_notify_cancel()
             waits = [entry.future for entry in entries]
         if mine:
-            futures = [entry.future for entry in mine]
-            try:
-                start = time.perf_counter()
-                self._read([entry.name for entry in mine])
-                self._on_restored(mine, time.perf_counter() - start)
-            except BaseException as e:
-                with self._lock:
-                    for entry in mine:
-                        entry.future = None  # a later caller may try again
-                for future in futures:
-                    future.set_exception(e)
-            else:
-                for future in futures:
-                    future.set_result(None)
+            _settle([entry.future for entry in mine], partial(self._timed_read, mine))
         return all_of(waits)
+
+    def _timed_read(self, entries: list[RestoreEntry]) -> None:
+        start = time.perf_counter()
+        self._read([entry.name for entry in entries])
+        self._on_restored(entries, time.perf_counter() - start)
 
     def state(self, name: str) -> str:
         future = self.get(name).future
-        if future is None:
+        if not _live(future):  # never read, or its read failed (the next caller reads again)
             return UNRESTORED
         return RESTORED if future.done() and future.exception() is None else RESTORING
 
@@ -149,13 +141,13 @@ class LoadedVariableRegistry:
             futures, batch, batch_names = [], [], []
             for name in names:
                 future = self._placed.get((name, device))
-                if future is None or (future.done() and future.exception() is not None):
+                if not _live(future):
                     future = self._placed[(name, device)] = Future()
                     batch.append(future)
                     batch_names.append(name)
                 futures.append(future)
         if batch:
-            RESTORE_POOL.submit(_settle, batch, place, batch_names)
+            RESTORE_POOL.submit(_settle, batch, partial(place, batch_names))
         return futures
 
     def placed(self, name: str, device: str) -> bool:
@@ -167,12 +159,17 @@ class LoadedVariableRegistry:
         return future is not None and not future.done()
 
 
-def _settle(futures: list[Future], fn: Callable[[list[str]], None], names: list[str]) -> None:
-    """Run ``fn(names)`` and complete ``futures`` with its outcome."""
+def _live(future: Future | None) -> bool:
+    """A future that stands: pending or succeeded (a failed one is replaced by the next caller's)."""
+    return future is not None and not (future.done() and future.exception() is not None)
+
+
+def _settle(futures: list[Future], fn: Callable[[], None]) -> None:
+    """Run ``fn()`` and complete ``futures`` with its outcome."""
     for future in futures:
         future.set_running_or_notify_cancel()
     try:
-        fn(names)
+        fn()
     except BaseException as e:
         for future in futures:
             future.set_exception(e)

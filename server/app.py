@@ -80,7 +80,7 @@ def make_manager(settings: ServerSettings, warmup: Warmup | None = None) -> Mode
             metrics=CacheMetrics(name, str(version)),
         )
         executor.batching = batching
-        if warmup is not None and settings.enable_model_warmup:
+        if warmup is not None:
             try:
                 warmup(name, version, path, executor)  # before the version serves
             except BaseException:
@@ -283,13 +283,15 @@ async def serve(settings: ServerSettings) -> int:
         hold_seconds=settings.result_hold_micros / 1e6,
         lower_priority_burst=settings.lower_priority_burst,
     )
-    warmup = Warmup(
-        loop,
-        run_handler,
-        iterations=settings.num_request_iterations_for_warmup,
-        pin_signature_graphs=settings.pin_signature_graphs,
-        max_tensor_bytes=settings.max_message_bytes,
-    )
+    warmup = None
+    if settings.enable_model_warmup:
+        warmup = Warmup(
+            loop,
+            run_handler,
+            iterations=settings.num_request_iterations_for_warmup,
+            pin_signature_graphs=settings.pin_signature_graphs,
+            max_tensor_bytes=settings.max_message_bytes,
+        )
     try:
         manager = make_manager(settings, warmup)
     except DeviceError as e:  # --device unknown or not usable here (no CuPy, no GPU): fail at start

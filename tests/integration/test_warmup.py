@@ -31,6 +31,7 @@ from tests.integration.test_tfserving_classify_regress import (
     regress_request,
 )
 from tests.integration.test_variables import admin_stub
+from tests.loader.test_warmup_records import write_warmup_file
 
 VERSION = 123
 
@@ -69,10 +70,7 @@ def model_with_warmup(base: Path, records: list[bytes]) -> Path:
     shutil.copytree(HALF_PLUS_TWO_TF1 / "00000123", version, copy_function=shutil.copyfile)
     for root, _dirs, _files in os.walk(base):
         os.chmod(root, 0o755)
-    (version / "assets.extra").mkdir()
-    with tf.io.TFRecordWriter(str(version / "assets.extra" / "tf_serving_warmup_requests")) as writer:
-        for record in records:
-            writer.write(record)
+    write_warmup_file(version, records)
     return base
 
 

@@ -60,15 +60,20 @@ def test_concurrent_restores_read_each_variable_once_and_together():
     assert registry.restore([]).result(0) is None
 
 
-def test_a_failed_read_is_reported_and_the_next_caller_reads_again():
-    attempts = []
+def failing_once(calls: list):
+    """A read or placement that records its calls and fails the first one."""
 
-    def read(names):
-        attempts.append(names)
-        if len(attempts) == 1:
+    def call(names):
+        calls.append(names)
+        if len(calls) == 1:
             raise OSError("disk went away")
 
-    registry = RestoreRegistry(read)
+    return call
+
+
+def test_a_failed_read_is_reported_and_the_next_caller_reads_again():
+    attempts = []
+    registry = RestoreRegistry(failing_once(attempts))
     registry.register("w", np.float32, (2,))
     with pytest.raises(OSError, match="disk went away"):
         registry.restore(["w"]).result()
@@ -90,12 +95,7 @@ def test_loaded_variable_registry_places_once_per_device_in_one_call_per_batch()
 
 def test_a_failed_placement_is_tried_again():
     calls = []
-
-    def place(names):
-        calls.append(names)
-        if len(calls) == 1:
-            raise OSError("no")
-
+    place = failing_once(calls)
     registry = LoadedVariableRegistry()
     (failed,) = registry.place(["w"], "cpu", place)
     with pytest.raises(OSError):

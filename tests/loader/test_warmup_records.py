@@ -7,10 +7,11 @@ import tensorflow as tf
 from tensorflow_serving.apis import prediction_log_pb2
 
 from loader import LoadError
-from server.warmup import MAX_RECORDS, WARMUP_FILE, read_warmup_records
+from loader.warmup_records import MAX_RECORDS, WARMUP_FILE, read_warmup_records
 
 
-def write(version, records: list[bytes]) -> None:
+def write_warmup_file(version, records: list[bytes]) -> None:
+    """The version's warm-up file, holding these raw records."""
     (version / WARMUP_FILE).parent.mkdir(parents=True)
     with tf.io.TFRecordWriter(str(version / WARMUP_FILE)) as writer:
         for record in records:
@@ -28,23 +29,23 @@ def test_no_file_no_records(tmp_path):
 
 
 def test_records_come_back_in_order(tmp_path):
-    write(tmp_path, [log("a"), log("b")])
+    write_warmup_file(tmp_path, [log("a"), log("b")])
     records = read_warmup_records(str(tmp_path))
     assert [r.predict_log.request.model_spec.signature_name for r in records] == ["a", "b"]
 
 
 def test_at_most_the_maximum(tmp_path):
-    write(tmp_path, [log("a")] * MAX_RECORDS)
+    write_warmup_file(tmp_path, [log("a")] * MAX_RECORDS)
     assert len(read_warmup_records(str(tmp_path))) == MAX_RECORDS
     (tmp_path / WARMUP_FILE).unlink()
     (tmp_path / WARMUP_FILE).parent.rmdir()
-    write(tmp_path, [log("a")] * (MAX_RECORDS + 1))
+    write_warmup_file(tmp_path, [log("a")] * (MAX_RECORDS + 1))
     with pytest.raises(LoadError, match=f"more than {MAX_RECORDS} records"):
         read_warmup_records(str(tmp_path))
 
 
 def test_a_truncated_file_is_refused_naming_it(tmp_path):
-    write(tmp_path, [log("a"), log("b")])
+    write_warmup_file(tmp_path, [log("a"), log("b")])
     data = (tmp_path / WARMUP_FILE).read_bytes()
     (tmp_path / WARMUP_FILE).write_bytes(data[:-3])
     with pytest.raises(LoadError, match="tf_serving_warmup_requests.*not a readable TFRecord file"):
