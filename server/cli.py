@@ -23,6 +23,11 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
+def _add_bool(p: argparse.ArgumentParser, flag: str, default: bool, help: str) -> None:
+    """A boolean flag as TensorFlow Serving spells them: ``--flag``, ``--flag=true`` or ``--flag=false``."""
+    p.add_argument(flag, type=_bool, nargs="?", const=True, default=default, help=help)
+
+
 def build_parser() -> argparse.ArgumentParser:
     d = ServerSettings()
     p = argparse.ArgumentParser(
@@ -95,28 +100,22 @@ def build_parser() -> argparse.ArgumentParser:
         default=d.client_graph_cache_size,
         help="client graphs cached per model version besides pinned ones; least recently used are evicted; 0: no bound",
     )
-    p.add_argument(
+    _add_bool(
+        p,
         "--pin_signature_graphs",
-        type=_bool,
-        nargs="?",
-        const=True,
         default=d.pin_signature_graphs,
         help="keep the client graphs of signature runs (Predict and friends) out of eviction",
     )
-    p.add_argument(
+    _add_bool(
+        p,
         "--lazy_restore",
-        type=_bool,
-        nargs="?",
-        const=True,
         default=d.lazy_restore,
         help="read a variable's data only when a client graph first needs it; false restores every variable at "
         "load (load-time failure for users who want it)",
     )
-    p.add_argument(
+    _add_bool(
+        p,
         "--enable_model_warmup",
-        type=_bool,
-        nargs="?",
-        const=True,
         default=d.enable_model_warmup,
         help="replay a version's assets.extra/tf_serving_warmup_requests after it loads, before it serves",
     )
@@ -150,11 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=d.admin_token_file,
         help="file holding the bearer token every admin call must send as 'authorization: Bearer TOKEN'",
     )
-    p.add_argument(
+    _add_bool(
+        p,
         "--enable_batching",
-        type=_bool,
-        nargs="?",
-        const=True,
         default=d.enable_batching,
         help="merge concurrent compatible requests of one client graph into one run (never waits to fill a batch)",
     )
@@ -164,11 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="TensorFlow Serving BatchingParameters in text format: max_batch_size (default 32), "
         "allowed_batch_sizes (padded up to); implies --enable_batching",
     )
-    p.add_argument(
+    _add_bool(
+        p,
         "--enable_per_model_batching_params",
-        type=_bool,
-        nargs="?",
-        const=True,
         default=d.enable_per_model_batching_params,
         help="with batching on, a version folder's batching_params.pbtxt (BatchingParameters) replaces the server's "
         "batching parameters for that model version",
@@ -233,11 +228,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=d.tensorflow_inter_op_parallelism,
         help="TensorFlow inter-op threads (0: TensorFlow decides)",
     )
-    p.add_argument(
+    _add_bool(
+        p,
         "--run_in_caller_thread",
-        type=_bool,
-        nargs="?",
-        const=True,
         default=d.run_in_caller_thread,
         help="run graph ops on the run worker's own thread (lowest latency for small graphs); "
         "false hands them to TensorFlow's inter-op pool",
@@ -248,11 +241,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="device inputs are transferred to: cpu, gpu:N (needs CuPy and CUDA: pip install 'servex[gpu]'; "
         "exits 1 at start without them), or auto (gpu:0 when usable, else cpu, logged)",
     )
-    p.add_argument(
+    _add_bool(
+        p,
         "--tensor_content_outputs",
-        type=_bool,
-        nargs="?",
-        const=True,
         default=d.tensor_content_outputs,
         help="encode Predict outputs in tensor_content rather than TensorFlow Serving's typed fields",
     )
