@@ -34,7 +34,9 @@ class GraphExecutorService(graph_executor_pb2_grpc.GraphExecutorServicer):
         name, version, label = model_ref(request.model)
         if request.priority:
             REQUEST.get().priority = checked_priority(request.priority, "RunRequest.priority")
-        feeds = await tensors.decode_all(request.feeds, self.max_tensor_bytes)
+        feeds = await tensors.decode_all(
+            request.feeds, self.max_tensor_bytes, lambda: self.core.resolve(name, version, label)
+        )
         result = await self.core.run_graph(
             name,
             version,

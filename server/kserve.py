@@ -138,7 +138,8 @@ class KServeService(pb_grpc.GRPCInferenceServiceServicer):
         cost = v2_types.decode_cost(tensors_in, len(raw_in))
         if cost < tensors.OFF_LOOP_ELEMENTS:  # the hot path: no coroutine of off_loop's
             inputs, raw = decode(tensors_in, raw_in, shared)
-        else:
+        else:  # a large decode: a model that is not served is answered before anything is copied
+            self.core.resolve(request.model_name, version)
             inputs, raw = await tensors.off_loop(cost, decode, tensors_in, raw_in, shared)
         info.compute_input = time.perf_counter() - started
         requested, classes, places = [], {}, {}

@@ -129,14 +129,17 @@ class SharedMemoryRegistry:
                 return [r.status() for r in self._regions.values()]
             return [self._region(name).status()]
 
-    def read(self, region: str, offset: int, byte_size: int, tensor: str) -> memoryview:
+    def read(self, region: str, offset: int, byte_size: int, tensor: str, used: int = 0) -> memoryview:
         """A copy of the bytes of input ``tensor``: ``byte_size`` bytes at ``offset`` in ``region``, in a fresh
-        buffer aligned to ``ALIGNMENT``. INVALID_ARGUMENT when the memory no longer holds them."""
+        buffer aligned to ``ALIGNMENT``. INVALID_ARGUMENT when the memory no longer holds them. ``used``: the
+        bytes the request's other inputs already read take; together they are bounded as one request's decoded
+        inputs are (RESOURCE_EXHAUSTED beyond)."""
         what = f"input {tensor!r}"
-        if self.max_read_bytes is not None and byte_size > self.max_read_bytes:
+        if self.max_read_bytes is not None and used + byte_size > self.max_read_bytes:
+            others = f"; with the request's other inputs ({used} bytes) that is" if used else " is"
             raise ResourceExhausted(
-                f"{what}: shared_memory_byte_size {byte_size} is more than the limit of {self.max_read_bytes} bytes "
-                f"for one input tensor (--max_message_bytes)"
+                f"{what}: shared_memory_byte_size {byte_size}{others} more than the limit of {self.max_read_bytes} "
+                f"bytes for a request's inputs (--max_message_bytes)"
             )
         with self._use(region, offset, byte_size, what) as (r, fd):
             try:

@@ -76,15 +76,30 @@ async def off_loop(elements: int, fn, *args, threshold: int = OFF_LOOP_ELEMENTS)
     return await asyncio.get_running_loop().run_in_executor(REQUEST_WORK, call)
 
 
-async def decode_all(protos, limit: int | None = None) -> dict[str, np.ndarray]:
+async def decode_all(protos, limit: int | None = None, check=None) -> dict[str, np.ndarray]:
     """Request tensors by name (a map of TensorProtos), decoded with ``to_ndarray``; on the requests' pool when
-    their typed values are many."""
-    typed = sum(typed_elements(proto) for proto in protos.values())
-    return await off_loop(typed, _decode_all, protos, limit)
+    they take many elements to fill.
+
+    ``limit`` bounds the decoded tensors *together* (RESOURCE_EXHAUSTED beyond it): a few typed values broadcast
+    over a huge shape make a small message decode large, and a request can carry many such inputs. ``check``
+    (say, resolving the model) is called before a large decode, so that a request for a model that is not served
+    is answered before anything is copied.
+    """
+    elements = sum(decode_elements(proto) for proto in protos.values())
+    if elements < OFF_LOOP_ELEMENTS:  # the hot path: tensor_content, or a few typed values
+        return _decode_all(protos, limit)
+    if check is not None:
+        check()
+    return await off_loop(elements, _decode_all, protos, limit)
 
 
 def _decode_all(protos, limit: int | None) -> dict[str, np.ndarray]:
-    return {name: to_ndarray(proto, name, limit) for name, proto in protos.items()}
+    arrays = {}
+    used = 0  # bytes the request's tensors decoded so far take
+    for name, proto in protos.items():
+        arrays[name], decoded = _to_ndarray(proto, name, limit, used)
+        used += decoded
+    return arrays
 
 
 async def fill_all(pairs: list[tuple[tensor_pb2.TensorProto, np.ndarray]], tensor_content: bool = False) -> None:
@@ -99,13 +114,20 @@ def _fill_all(pairs, tensor_content: bool) -> None:
         fill_proto(proto, array, tensor_content)
 
 
-def typed_elements(proto: tensor_pb2.TensorProto) -> int:
-    """How many values a request tensor carries in its typed field: what decoding walks one by one (0 for
-    ``tensor_content``, read in place). Counted, not multiplied out of the shape: the shape is not checked yet,
-    and a message can hold tens of thousands of huge dimensions; nor is ``tensor_content`` touched, which would
-    copy it."""
+def decode_elements(proto: tensor_pb2.TensorProto) -> int:
+    """How many elements decoding a request tensor fills one by one: none for ``tensor_content`` (read in
+    place, and not touched here, which would copy it); for typed values, those sent or, when fewer values
+    broadcast over the shape, the shape's elements. A shape of more than 64 dimensions (refused by decoding) is
+    not multiplied out: a message can hold tens of thousands of huge dimensions, and that product alone would
+    take seconds."""
     codec = _CODECS.get(proto.dtype)
-    return len(getattr(proto, codec[1])) if codec is not None else 0
+    typed = len(getattr(proto, codec[1])) if codec is not None else 0
+    if not typed:
+        return 0
+    dims = proto.tensor_shape.dim
+    if len(dims) > MAX_DIMS:
+        return typed
+    return max(typed, math.prod([max(d.size, 0) for d in dims]))
 
 
 TYPED_BYTES_PER_ELEMENT = 10  # the most a typed value takes in a message (a varint; a float takes 4)
@@ -180,6 +202,14 @@ def to_ndarray(proto: tensor_pb2.TensorProto, name: str, max_bytes: int | None =
     ``max_bytes`` bounds the decoded tensor, so that a few typed values broadcast over a huge shape cannot make
     a small message allocate without limit (RESOURCE_EXHAUSTED beyond it).
     """
+    return _to_ndarray(proto, name, max_bytes)[0]
+
+
+def _to_ndarray(
+    proto: tensor_pb2.TensorProto, name: str, max_bytes: int | None, used: int = 0
+) -> tuple[np.ndarray, int]:
+    """``to_ndarray``, and the bytes the tensor takes once decoded (0 when unbounded); ``used``: what the
+    request's other tensors decoded so far take of ``max_bytes``."""
     codec = _CODECS.get(proto.dtype)
     if codec is None:
         known = ", ".join(DT.Name(e) for e in _CODECS)
@@ -190,12 +220,14 @@ def to_ndarray(proto: tensor_pb2.TensorProto, name: str, max_bytes: int | None =
     dtype, field, field_dtype = codec
     shape = _shape(proto, name)
     count = math.prod(shape)  # Python ints: no silent int64 wrap-around
+    decoded = 0
     if max_bytes is not None:
         decoded = _decoded_bytes(proto, count, dtype)
-        if decoded > max_bytes:
+        if used + decoded > max_bytes:
+            others = f"; with the request's other inputs ({used} bytes) that is" if used else ","
             raise ResourceExhausted(
-                f"input {name!r}: shape {list(shape)} of {DT.Name(proto.dtype)} decodes to {decoded} bytes, more "
-                f"than the limit of {max_bytes} (--max_message_bytes)"
+                f"input {name!r}: shape {list(shape)} of {DT.Name(proto.dtype)} decodes to {decoded} bytes"
+                f"{others} more than the limit of {max_bytes} (--max_message_bytes)"
             )
     content = proto.tensor_content
     if content:
@@ -208,14 +240,14 @@ def to_ndarray(proto: tensor_pb2.TensorProto, name: str, max_bytes: int | None =
                 f"input {name!r}: tensor_content holds {len(content)} bytes, but {DT.Name(proto.dtype)} of shape "
                 f"{list(shape)} needs {count * dtype.itemsize} ({count} x {dtype.itemsize} bytes)"
             )
-        return np.frombuffer(content, dtype=dtype).reshape(shape)
+        return np.frombuffer(content, dtype=dtype).reshape(shape), decoded
     values = getattr(proto, field)
     per_element = 2 if field in ("scomplex_val", "dcomplex_val") else 1
     have = len(values) // per_element
     if count == 0:
         if have:
             raise InvalidArgument(f"input {name!r}: shape {list(shape)} holds no element but {have} values were sent")
-        return np.empty(shape, dtype=dtype)
+        return np.empty(shape, dtype=dtype), decoded
     if have == 0:
         raise InvalidArgument(
             f"input {name!r}: no values: shape {list(shape)} needs {count} values in {field} or in tensor_content"
@@ -239,7 +271,7 @@ def to_ndarray(proto: tensor_pb2.TensorProto, name: str, max_bytes: int | None =
             flat = flat.view(dtype) if per_element == 2 else flat.astype(dtype)
     if have < count:  # TensorFlow pads with the last value: a single value broadcasts
         flat = np.concatenate([flat, np.full(count - have, flat[-1], dtype=dtype)])
-    return flat.reshape(shape)
+    return flat.reshape(shape), decoded
 
 
 def _decoded_bytes(proto: tensor_pb2.TensorProto, count: int, dtype: np.dtype) -> int:

@@ -46,7 +46,9 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
         spec = request.model_spec
         limit = self.max_tensor_bytes
         info, started = REQUEST.get(), time.perf_counter()
-        inputs = await tensors.decode_all(request.inputs, limit)
+        inputs = await tensors.decode_all(
+            request.inputs, limit, lambda: self.core.resolve(spec.name, spec_version(spec), spec.version_label)
+        )
         info.compute_input = time.perf_counter() - started
         result = await self.core.predict(
             spec.name, spec_version(spec), spec.version_label, spec.signature_name, inputs, request.output_filter
@@ -156,7 +158,9 @@ class SessionService:
             if named.name in protos:
                 raise InvalidArgument(f"feed names {named.name!r} twice")
             protos[named.name] = named.tensor
-        feeds = await tensors.decode_all(protos, self.max_tensor_bytes)
+        feeds = await tensors.decode_all(
+            protos, self.max_tensor_bytes, lambda: self.core.resolve(spec.name, spec_version(spec), spec.version_label)
+        )
         result = await self.core.run_graph(
             spec.name,
             spec_version(spec),

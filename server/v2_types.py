@@ -342,6 +342,7 @@ def decode_infer_inputs(inputs, raw_input_contents, shared) -> tuple[dict[str, n
         )
     arrays: dict[str, np.ndarray] = {}
     sent = 0  # raw_input_contents entries taken: one per input not in shared memory
+    copied = 0  # bytes read from shared memory so far
     for i, tensor in enumerate(inputs):
         name = tensor.name
         if not name:
@@ -353,7 +354,8 @@ def decode_infer_inputs(inputs, raw_input_contents, shared) -> tuple[dict[str, n
             if _typed_count(tensor):
                 raise InvalidArgument(f"input {name!r} has typed contents and a shared memory region: send one")
             region, offset, size = shared_memory_place(tensor.parameters, f"input {name!r}")
-            data = shared.read(region, offset, size, name)
+            data = shared.read(region, offset, size, name, copied)
+            copied += size
         elif not raw_input_contents:
             arrays[name] = from_contents(tensor.contents, tensor.datatype, shape, name)
             continue

@@ -104,3 +104,29 @@ def test_large_typed_requests_and_answers_round_trip(daemon):
     reply = service_pb2_grpc.GRPCInferenceServiceStub(daemon.channel).ModelInfer(request, timeout=60)
     assert not reply.raw_output_contents  # typed in, typed out
     np.testing.assert_array_equal(np.array(reply.outputs[0].contents.fp32_contents), (0.5 * x + 2).ravel())
+
+
+def test_broadcast_inputs_are_bounded_together_and_checked_against_the_model_first(daemon):
+    stub = prediction_service_pb2_grpc.PredictionServiceStub(daemon.channel)
+    rows = int(LIMIT * 0.4) // 4  # one float broadcast over 40% of the limit: each input alone is within it
+
+    def request(model: str, inputs: int) -> predict_pb2.PredictRequest:
+        r = predict_pb2.PredictRequest()
+        r.model_spec.name = model
+        for i in range(inputs):
+            r.inputs[f"junk{i}"].CopyFrom(tf.make_tensor_proto([1.0], dtype=tf.float32, shape=[rows]))
+        return r
+
+    # A few hundred bytes asking for 3 x 40% of the limit: refused at the third, before it is made.
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Predict(request("half", 3), timeout=30)
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert f"decodes to {rows * 4} bytes; with the request's other inputs ({2 * rows * 4} bytes)" in (
+        info.value.details()
+    )
+    # Named to a model that is not served: NOT_FOUND before anything is decoded (the bound is not even reached).
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Predict(request("nope", 3), timeout=30)
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND and "'nope'" in info.value.details()
+    answer = stub.Predict(predict(tf.make_tensor_proto(np.array([[1.0]], np.float32))), timeout=30)
+    assert tf.make_ndarray(answer.outputs["y"]).ravel().tolist() == [2.5]

@@ -12,7 +12,7 @@ import pytest
 from tritonclient.grpc import InferInput, service_pb2
 from tritonclient.utils import deserialize_bytes_tensor
 
-from loader.errors import FailedPrecondition, InvalidArgument, NotFound
+from loader.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from server import tensors, v2_types
 from server.shared_memory import SharedMemoryRegistry
 
@@ -241,6 +241,23 @@ def test_an_input_in_a_region_never_registered_is_not_found():
     request.inputs[0].parameters["shared_memory_byte_size"].int64_param = 8
     with pytest.raises(NotFound, match="input 'a': shared memory region 'region' is not registered"):
         decode(request)
+
+
+def test_inputs_read_from_shared_memory_are_bounded_together(tmp_path):
+    # Each input reads 24 bytes of one region, within the limit of 32; the second would make 48 together.
+    (tmp_path / "mem").write_bytes(np.arange(6, dtype=np.float32).tobytes())
+    registry = SharedMemoryRegistry(tmp_path, max_read_bytes=32)
+    registry.register("region", "/mem", 0, 24)
+    request = raw_request({"a": np.zeros(6, np.float32), "b": np.zeros(6, np.float32)})
+    del request.raw_input_contents[:]
+    for tensor in request.inputs:
+        tensor.parameters["shared_memory_region"].string_param = "region"
+        tensor.parameters["shared_memory_byte_size"].int64_param = 24
+    one = service_pb2.ModelInferRequest(inputs=request.inputs[:1])
+    arrays, _ = v2_types.decode_infer_inputs(one.inputs, [], registry)
+    assert arrays["a"].tolist() == list(range(6))
+    with pytest.raises(ResourceExhausted, match=r"input 'b': .*with the request's other inputs \(24 bytes\)"):
+        v2_types.decode_infer_inputs(request.inputs, [], registry)
 
 
 # -- typed inputs --------------------------------------------------------------------------------------

@@ -160,3 +160,8 @@ def test_an_input_read_is_bounded_like_any_decoded_input(tmp_path):
     assert len(registry.read("r", 0, 32, "x")) == 32
     with pytest.raises(ResourceExhausted, match="input 'x': shared_memory_byte_size 48 is more than the limit of 32"):
         registry.read("r", 0, 48, "x")
+    # a request's inputs together: what its other inputs read counts
+    assert len(registry.read("r", 0, 16, "y", used=16)) == 16
+    with pytest.raises(ResourceExhausted, match=r"input 'y': shared_memory_byte_size 16; with the request's other "
+                       r"inputs \(24 bytes\) that is more than the limit of 32 bytes"):  # fmt: skip
+        registry.read("r", 0, 16, "y", used=24)

@@ -33,6 +33,38 @@ def test_broadcast_string_counts_every_copy_against_the_limit(value, shape):
         tensors.to_ndarray(proto, NAME, LIMIT)
 
 
+def test_a_request_s_inputs_are_bounded_together():
+    # Each broadcast decodes to 40% of the limit: two fit, a third does not, and is refused before it is made.
+    rows = int(LIMIT * 0.4) // 4
+    protos = {f"in{i}": _shaped(types_pb2.DT_FLOAT, [rows], float_val=[float(i)]) for i in range(3)}
+    decoded = asyncio.run(tensors.decode_all(dict(list(protos.items())[:2]), LIMIT))
+    assert [a[-1] for a in decoded.values()] == [0.0, 1.0] and all(a.shape == (rows,) for a in decoded.values())
+    with pytest.raises(ResourceExhausted) as e:
+        asyncio.run(tensors.decode_all(protos, LIMIT))
+    assert e.value.message == (
+        f"input 'in2': shape [{rows}] of DT_FLOAT decodes to {rows * 4} bytes; with the request's other inputs "
+        f"({2 * rows * 4} bytes) that is more than the limit of {LIMIT} (--max_message_bytes)"
+    )
+
+
+def test_a_large_decode_is_checked_first_and_runs_off_the_event_loop():
+    # The check (the adapters resolve the model there) runs before a large decode, which runs on the requests'
+    # pool; a small decode neither calls it nor leaves the loop.
+    calls = []
+    big = {"x": _shaped(types_pb2.DT_FLOAT, [tensors.OFF_LOOP_ELEMENTS], float_val=[1.0])}
+    small = {"x": _shaped(types_pb2.DT_FLOAT, [3], float_val=[1.0])}
+
+    def check():
+        calls.append(threading.current_thread().name)
+        raise ResourceExhausted("refused by the check")
+
+    with pytest.raises(ResourceExhausted, match="refused by the check"):
+        asyncio.run(tensors.decode_all(big, LIMIT, check))
+    assert calls == ["MainThread"]
+    assert asyncio.run(tensors.decode_all(small, LIMIT, check))["x"].tolist() == [1.0] * 3
+    assert calls == ["MainThread"]
+
+
 def test_broadcast_string_within_the_limit_decodes():
     proto = _shaped(types_pb2.DT_STRING, [1000], string_val=[b"first", b"last"])
     array = tensors.to_ndarray(proto, NAME, LIMIT)
@@ -79,12 +111,15 @@ def test_large_typed_output_is_written_in_chunks(monkeypatch):
     np.testing.assert_array_equal(tf.make_ndarray(proto), values)
 
 
-def test_typed_and_output_elements_count_what_encoding_walks():
-    assert tensors.typed_elements(tf.make_tensor_proto(np.zeros((3, 4), np.float32))) == 0  # tensor_content
-    assert tensors.typed_elements(_shaped(types_pb2.DT_FLOAT, [3, 4], float_val=[1.0, 2.0])) == 2  # values sent
-    assert tensors.typed_elements(_shaped(types_pb2.DT_STRING, [], string_val=[b"a"])) == 1
-    # The shape is not multiplied out: 50,000 dimensions of 2^62 (unchecked yet) would take seconds.
-    assert tensors.typed_elements(_shaped(types_pb2.DT_FLOAT, [2**62] * 50_000, float_val=[1.0])) == 1
+def test_decode_and_output_elements_count_what_decoding_and_encoding_fill():
+    assert tensors.decode_elements(tf.make_tensor_proto(np.zeros((3, 4), np.float32))) == 0  # tensor_content
+    # Typed values: the elements of the shape, which the last value fills when fewer are sent.
+    assert tensors.decode_elements(_shaped(types_pb2.DT_FLOAT, [3, 4], float_val=[1.0, 2.0])) == 12
+    assert tensors.decode_elements(_shaped(types_pb2.DT_FLOAT, [2], float_val=[1.0, 2.0, 3.0])) == 3  # refused later
+    assert tensors.decode_elements(_shaped(types_pb2.DT_STRING, [], string_val=[b"a"])) == 1
+    # Past 64 dimensions (refused later) the shape is not multiplied out: 50,000 dimensions of 2^62 would take
+    # seconds.
+    assert tensors.decode_elements(_shaped(types_pb2.DT_FLOAT, [2**62] * 50_000, float_val=[1.0])) == 1
     arrays = [np.zeros((2, 5), np.float32), np.array([b"a", b"b"], dtype=object)]
     assert tensors.output_elements(arrays) == 12
     assert tensors.output_elements(arrays, tensor_content=True) == 2  # numbers go as bytes; strings never do
