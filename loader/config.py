@@ -65,10 +65,24 @@ def _policy(config: model_server_config_pb2.ModelConfig, where: str) -> VersionP
     return VersionPolicy("specific", versions=versions)
 
 
-def specs_from_proto(config: model_server_config_pb2.ModelServerConfig, source: str = "config") -> list[ModelSpec]:
-    """Validate a ModelServerConfig and turn it into ModelSpecs; InvalidArgument names what is wrong."""
-    if config.WhichOneof("config") == "custom_model_config":
+def specs_from_proto(
+    config: model_server_config_pb2.ModelServerConfig, source: str = "config", replacing: bool = False
+) -> list[ModelSpec]:
+    """Validate a ModelServerConfig and turn it into ModelSpecs; InvalidArgument names what is wrong.
+
+    ``replacing``: the config replaces one in effect (a reload, a changed config file). It must then set a
+    model_config_list, as TensorFlow Serving requires: a message or file that sets nothing (an empty reload, a
+    file caught half-written) would otherwise unload every model. An empty ``model_config_list {}`` still does.
+    """
+    kind = config.WhichOneof("config")
+    if kind == "custom_model_config":
         raise InvalidArgument(f"{source}: custom_model_config is not supported; use model_config_list")
+    if kind is None and replacing:
+        raise InvalidArgument(
+            f"{source} sets no model_config_list: only a model_config_list can replace the models served (as in "
+            f"TensorFlow Serving); the models stay as they are. To unload every model, send an empty one: "
+            f"model_config_list {{}}"
+        )
     specs, seen = [], set()
     for i, model in enumerate(config.model_config_list.config):
         where = f"{source}: model_config_list.config[{i}]" + (f" ({model.name!r})" if model.name else "")
@@ -91,8 +105,9 @@ def specs_from_proto(config: model_server_config_pb2.ModelServerConfig, source: 
     return specs
 
 
-def parse_model_config(text: str, source: str = "config") -> list[ModelSpec]:
-    """Parse a model config file's text (after ``${VAR}`` expansion) into ModelSpecs."""
+def parse_model_config(text: str, source: str = "config", replacing: bool = False) -> list[ModelSpec]:
+    """Parse a model config file's text (after ``${VAR}`` expansion) into ModelSpecs (``replacing``: as in
+    ``specs_from_proto``)."""
     missing = sorted({m.group(1) for m in _VARIABLE.finditer(text) if m.group(1) not in os.environ})
     if missing:
         raise InvalidArgument(f"{source}: environment variable(s) {missing} used in the file are not set")
@@ -105,7 +120,7 @@ def parse_model_config(text: str, source: str = "config") -> list[ModelSpec]:
             f"{source} is not a ModelServerConfig in protobuf text format "
             f"(e.g. model_config_list {{ config {{ name: 'm' base_path: '/models/m' }} }}): {e}"
         ) from e
-    return specs_from_proto(config, source)
+    return specs_from_proto(config, source, replacing)
 
 
 def read_model_config_file(path: str) -> list[ModelSpec]:

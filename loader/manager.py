@@ -189,6 +189,13 @@ class ModelManager(Generic[S]):
             sv = model.failed_reloads.get(version) or model.versions.get(version)
             if sv is not None and sv.state == END and sv.error is not None:
                 problems.append(f"model {spec.name!r} version {version} failed to load: {sv.error.message}")
+        if spec.policy.kind == "specific":
+            absent = sorted(v for v in spec.policy.versions if v not in on_disk)
+            if absent:
+                problems.append(
+                    f"model {spec.name!r}: version(s) {absent} of its specific version policy are not under base "
+                    f"path {spec.base_path!r} (version folders there: {sorted(on_disk)})"
+                )
         available = set(model.available())
         for label, version in sorted(spec.labels.items()):
             if version not in available:

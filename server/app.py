@@ -243,7 +243,7 @@ class Lifecycle:
                 new_text = Path(path).read_text(encoding="utf-8")
                 if new_text == text:
                     continue
-                specs = parse_model_config(new_text, f"model config file {path!r}")
+                specs = parse_model_config(new_text, f"model config file {path!r}", replacing=True)
             except (OSError, InvalidArgument) as e:
                 log.error("model config file %r not applied, the current models stay: %s", path, e)
                 continue

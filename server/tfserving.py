@@ -133,7 +133,7 @@ class ModelService(model_service_pb2_grpc.ModelServiceServicer):
                 f"(--serving_processes): change the models through --model_config_file, which every process re-reads "
                 f"every --model_config_file_poll_wait_seconds"
             )
-        specs = specs_from_proto(request.config, "ReloadConfigRequest.config")
+        specs = specs_from_proto(request.config, "ReloadConfigRequest.config", replacing=True)
         problems = await self.reload_config(specs)
         if problems:
             raise FailedPrecondition("the new config is in effect except: " + "; ".join(problems))

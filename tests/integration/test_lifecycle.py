@@ -215,6 +215,7 @@ def test_a_broken_new_version_is_reported_and_the_served_one_keeps_serving(start
 
 def _reload(channel, models: dict[str, Path], timeout=60):
     config = model_server_config_pb2.ModelServerConfig()
+    config.model_config_list.SetInParent()  # set even when empty
     for name, path in models.items():
         config.model_config_list.config.add(name=name, base_path=str(path), model_platform="tensorflow")
     stub = model_service_pb2_grpc.ModelServiceStub(channel)
@@ -243,6 +244,17 @@ def test_reload_config_replaces_the_models(start_daemon, tmp_path):
         _reload(daemon.channel, {"": HALF_PLUS_THREE})
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "name is empty" in info.value.details()
     assert y(predict(daemon.channel, "three", [[2.0]])) == [4.0]
+
+    # A request that sets no config changes nothing (TensorFlow Serving: INVALID_ARGUMENT); an empty
+    # model_config_list unloads every model.
+    stub = model_service_pb2_grpc.ModelServiceStub(daemon.channel)
+    with pytest.raises(grpc.RpcError) as info:
+        stub.HandleReloadConfigRequest(model_management_pb2.ReloadConfigRequest(), timeout=60)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "sets no model_config_list" in info.value.details() and "model_config_list {}" in info.value.details()
+    assert y(predict(daemon.channel, "three", [[2.0]])) == [4.0]
+    assert _reload(daemon.channel, {}).status.error_code == 0
+    assert not _serves(daemon, "three") and not _serves(daemon, "broken")
 
 
 def test_concurrent_reloads_are_serialized(start_daemon):
@@ -291,3 +303,8 @@ def test_config_file_is_re_read(start_daemon, tmp_path):
     time.sleep(1)
     assert _serves(daemon, "three")
     assert "not applied" in daemon.log()
+    config.write_text("")  # so does a file caught empty (truncated, about to be written)
+    wait_for(lambda: "sets no model_config_list" in daemon.log(), what="the empty file to be refused")
+    assert _serves(daemon, "three")
+    config.write_text("model_config_list {}")  # an empty list unloads every model
+    wait_for(lambda: not _serves(daemon, "three"), what="the empty list")

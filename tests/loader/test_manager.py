@@ -84,10 +84,14 @@ def test_specific_versions(manager, rec, tmp_path):
 
 def test_specific_version_not_on_disk_serves_the_others(manager, rec, tmp_path):
     base = model_dir(tmp_path / "m", 1, 2)
-    manager.apply_config([spec("m", base, VersionPolicy("specific", versions=frozenset({1, 4})))])
+    problems = manager.apply_config([spec("m", base, VersionPolicy("specific", versions=frozenset({1, 4})))])
+    assert problems == [
+        f"model 'm': version(s) [4] of its specific version policy are not under base path {str(base)!r} "
+        f"(version folders there: [1, 2])"
+    ]  # said, so that a reload naming a version that is not there does not look like success
     assert available(manager, "m") == [1]
     add_version(base, 4)
-    manager.poll()
+    assert manager.poll() == []
     assert available(manager, "m") == [1, 4]
     assert sorted(made_versions(rec)) == [1, 4]
 
