@@ -338,7 +338,13 @@ async def serve(settings: ServerSettings) -> int:
         return 1
     metrics_server = None
     if settings.metrics_port:
-        metrics_server = start_metrics_server(settings.metrics_port, settings.bind_address)
+        try:
+            metrics_server = start_metrics_server(settings.metrics_port, settings.bind_address)
+        except OSError as e:
+            log.error("cannot bind metrics to %s:%d: %s", settings.bind_address, settings.metrics_port, e)
+            await ports.close(0)
+            await loop.run_in_executor(None, run_handler.close)
+            return 1
 
     tasks: list[asyncio.Task] = []
     pin: LoopPin | None = None

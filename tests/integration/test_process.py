@@ -120,6 +120,19 @@ def test_grpc_listeners_share_the_port_and_a_second_servex_on_it_is_refused(star
     assert tf.make_ndarray(reply.outputs["y"]).tolist() == [2.5]
 
 
+def test_busy_metrics_port_exits_1_with_a_clear_error(start_daemon):
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        out = run_to_exit([f"--metrics_port={port}", f"--model_base_path={HALF_PLUS_TWO_TF1}"])
+    assert out.returncode == 1, out.stderr
+    assert f"cannot bind metrics to 127.0.0.1:{port}" in out.stderr and "in use" in out.stderr
+    assert "Traceback" not in out.stderr and "Event loop is closed" not in out.stderr
+
+
 def test_message_size_limit_gives_resource_exhausted_and_keeps_serving(start_daemon):
     daemon = start_daemon("--max_message_bytes=4096")
     with pytest.raises(grpc.RpcError) as info:
