@@ -48,18 +48,27 @@ from transfer import DeviceError, make_factory
 log = logging.getLogger("servex")
 
 
+def session_config(settings: ServerSettings) -> tf.compat.v1.ConfigProto:
+    """Every version's session config: --tensorflow_session_config_file's ConfigProto (if any), with the thread
+    pools and GPU memory share of the settings over it, and soft placement on."""
+    config = tf.compat.v1.ConfigProto.FromString(settings.tensorflow_session_config)  # empty: the defaults
+    config.intra_op_parallelism_threads = settings.tensorflow_intra_op_parallelism
+    config.inter_op_parallelism_threads = settings.tensorflow_inter_op_parallelism
+    config.allow_soft_placement = True
+    if settings.per_process_gpu_memory_fraction:
+        config.gpu_options.per_process_gpu_memory_fraction = settings.per_process_gpu_memory_fraction
+    return config
+
+
 def make_manager(settings: ServerSettings, warmup: Warmup | None = None) -> ModelManager[GraphExecutor]:
-    config = tf.compat.v1.ConfigProto(
-        intra_op_parallelism_threads=settings.tensorflow_intra_op_parallelism,
-        inter_op_parallelism_threads=settings.tensorflow_inter_op_parallelism,
-        allow_soft_placement=True,
-    )
+    config = session_config(settings)
     transfer = make_factory(settings.device)  # DeviceError when the device cannot be used here
     log.info("transfer executor: %s", transfer.device)
 
     def make(name: str, version: int, path: str) -> GraphExecutor:
         model = load_saved_model(
             path,
+            tags=settings.saved_model_tags,
             session_config=config,
             lazy_restore=settings.lazy_restore,
             device=settings.device,
@@ -262,11 +271,12 @@ async def serve(settings: ServerSettings) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
 
-    options = [
-        ("grpc.max_receive_message_length", settings.max_message_bytes),
-        ("grpc.max_send_message_length", settings.max_message_bytes),
-        ("grpc.so_reuseport", 0),  # the admin port; the listeners set their own
-    ]
+    options = {
+        "grpc.max_receive_message_length": settings.max_message_bytes,
+        "grpc.max_send_message_length": settings.max_message_bytes,
+        "grpc.so_reuseport": 0,  # the admin port; the listeners set their own
+    }
+    options = list({**options, **dict(settings.grpc_channel_arguments)}.items())  # the user's win
     # Alone, a port already in use must fail the start; several serving processes share theirs.
     server = ListenerGroup(settings.grpc_listeners, options, shared_port=settings.process_group_size > 1)
     try:
@@ -425,7 +435,13 @@ class _Ports:
         if settings.rest_api_port:
             timeout_s = settings.rest_api_timeout_in_ms / 1000
             args = (settings.rest_api_port, settings.bind_address, settings.max_message_bytes, timeout_s)
-            self.rest = RestServer(self.core, *args, settings.drain_seconds, reuse_port=settings.process_group_size > 1)
+            self.rest = RestServer(
+                self.core,
+                *args,
+                settings.drain_seconds,
+                reuse_port=settings.process_group_size > 1,
+                prometheus_path=settings.prometheus_rest_path,
+            )
             try:
                 await self.rest.start()
             except OSError as e:

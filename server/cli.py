@@ -9,9 +9,16 @@ import argparse
 import logging
 import os
 import sys
+from importlib import metadata
+from pathlib import Path
+from typing import NamedTuple
+
+from google.protobuf import text_format
 
 from server import affinity
 from server.settings import DEMO_MODEL_NAME, ServerSettings
+
+DEFAULT_PROMETHEUS_PATH = "/monitoring/prometheus/metrics"  # TensorFlow Serving's
 
 
 def _bool(text: str) -> bool:
@@ -23,9 +30,46 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
-def _add_bool(p: argparse.ArgumentParser, flag: str, default: bool, help: str) -> None:
-    """A boolean flag as TensorFlow Serving spells them: ``--flag``, ``--flag=true`` or ``--flag=false``."""
-    p.add_argument(flag, type=_bool, nargs="?", const=True, default=default, help=help)
+def _add_bool(p: argparse.ArgumentParser, *flags: str, default: bool, help: str) -> None:
+    """A boolean flag as TensorFlow Serving spells them: ``--flag``, ``--flag=true`` or ``--flag=false`` (the
+    first spelling names the setting; others are aliases)."""
+    p.add_argument(*flags, type=_bool, nargs="?", const=True, default=default, help=help)
+
+
+# TensorFlow Serving's flags that servex takes, so that a tensorflow_model_server command line starts it, but that
+# change nothing here; each one given is logged at start with the reason.
+NO_EFFECT_FLAGS = {
+    "rest_api_num_threads": "REST is served by the event loop; runs go to the run workers (--num_run_workers)",
+    "rest_api_enable_cors_support": "servex sends no CORS headers",
+    "allow_version_labels_for_unavailable_models": "servex always accepts a label on a version that is not "
+    "available, and says so",
+    "num_load_threads": "versions load one at a time, off the request path",
+    "num_unload_threads": "versions unload off the request path, once their in-flight calls end",
+    "flush_filesystem_caches": "servex does not flush file system caches",
+    "platform_config_file": "servex serves TensorFlow SavedModels only",
+    "grpc_max_threads": "gRPC is served by asyncio listeners (--grpc_listeners)",
+    "grpc_socket_path": "servex serves gRPC on its TCP port only (--port)",
+    "remove_unused_fields_from_bundle_metagraph": "servex keeps no MetaGraphDef once a version is loaded",
+    "prefer_tflite_model": "servex serves no TensorFlow Lite models",
+    "num_tflite_pools": "servex serves no TensorFlow Lite models",
+    "num_tflite_interpreters_per_pool": "servex serves no TensorFlow Lite models",
+    "enable_signature_method_name_check": "servex checks a signature by its inputs and outputs (TensorFlow "
+    "Serving's default)",
+    "xla_cpu_compilation_enabled": "servex leaves XLA as TensorFlow configures it",
+    "xla_gpu_compilation_enabled": "servex leaves XLA as TensorFlow configures it",
+    "enable_profiler": "servex serves no profiler service",
+    "thread_pool_factory_config_file": "runs use the run workers (--num_run_workers) and TensorFlow's pools",
+    "mixed_precision": "servex runs graphs as they were exported",
+    "skip_initialize_tpu": "servex does not use TPUs",
+    "enable_grpc_healthcheck_service": "servex always serves grpc.health.v1.Health",
+}
+# TensorFlow Serving's flags servex refuses: serving plaintext where TLS was asked for would be worse than not
+# starting.
+REFUSED_FLAGS = {
+    "ssl_config_file": "servex serves gRPC without TLS; terminate TLS in front of it (an ingress or a service "
+    "mesh sidecar)",
+    "use_alts_credentials": "servex serves gRPC without ALTS; terminate it in front of servex",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -68,7 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--model_config_file",
         default=None,
         help="TensorFlow Serving model config file (text-format ModelServerConfig, ${VAR} expanded from the "
-        "environment); serves several models, with version policies and labels; excludes --model_base_path",
+        "environment); serves several models, with version policies and labels; --model_name and "
+        "--model_base_path are then ignored",
     )
     p.add_argument(
         "--model_config_file_poll_wait_seconds",
@@ -163,6 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_bool(
         p,
+        "--enable_per_model_batching_parameters",
         "--enable_per_model_batching_params",
         default=d.enable_per_model_batching_params,
         help="with batching on, a version folder's batching_params.pbtxt (BatchingParameters) replaces the server's "
@@ -219,15 +265,51 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--tensorflow_intra_op_parallelism",
         type=int,
-        default=d.tensorflow_intra_op_parallelism,
-        help="TensorFlow intra-op threads; 1 runs each op on the run worker (parallelism comes from the workers), "
-        "0: TensorFlow decides (one per core: better for one large request at a time)",
+        default=None,
+        help=f"TensorFlow intra-op threads (default: {d.tensorflow_intra_op_parallelism}); 1 runs each op on the "
+        "run worker (parallelism comes from the workers), 0: TensorFlow decides (one per core: better for one large "
+        "request at a time)",
     )
     p.add_argument(
         "--tensorflow_inter_op_parallelism",
         type=int,
-        default=d.tensorflow_inter_op_parallelism,
-        help="TensorFlow inter-op threads (0: TensorFlow decides)",
+        default=None,
+        help=f"TensorFlow inter-op threads (default: {d.tensorflow_inter_op_parallelism}; 0: TensorFlow decides)",
+    )
+    p.add_argument(
+        "--tensorflow_session_parallelism",
+        type=int,
+        default=0,
+        help="both TensorFlow thread pools at once (TensorFlow Serving's flag); a pool's own flag wins over it",
+    )
+    p.add_argument(
+        "--tensorflow_session_config_file",
+        default="",
+        help="a TensorFlow ConfigProto in text format, the base of every session's config; the thread-pool and "
+        "GPU memory flags apply over it where given",
+    )
+    p.add_argument(
+        "--per_process_gpu_memory_fraction",
+        type=float,
+        default=d.per_process_gpu_memory_fraction,
+        help="share of each GPU's memory TensorFlow may take (0: TensorFlow decides)",
+    )
+    p.add_argument(
+        "--saved_model_tags",
+        default=",".join(d.saved_model_tags),
+        help="comma-separated tags of the MetaGraphDef to load from each SavedModel",
+    )
+    p.add_argument(
+        "--grpc_channel_arguments",
+        default="",
+        help="gRPC channel arguments for the gRPC port, comma-separated key=value pairs (integers where they "
+        "parse as one), e.g. grpc.max_connection_age_ms=60000",
+    )
+    p.add_argument(
+        "--monitoring_config_file",
+        default="",
+        help="TensorFlow Serving's MonitoringConfig in text format: prometheus_config { enable: true path: ... } "
+        "serves the metrics on the REST port at that path too (default path /monitoring/prometheus/metrics)",
     )
     _add_bool(
         p,
@@ -245,6 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bool(
         p,
         "--tensor_content_outputs",
+        "--enable_serialization_as_tensor_content",
         default=d.tensor_content_outputs,
         help="encode Predict outputs in tensor_content rather than TensorFlow Serving's typed fields",
     )
@@ -278,11 +361,97 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--process_group_size", type=int, default=d.process_group_size, help=argparse.SUPPRESS)
     p.add_argument("--log_level", default="INFO", help="Python logging level")
+    p.add_argument("--version", action="store_true", help="print servex's and TensorFlow's versions and exit")
+    tfs = p.add_argument_group(
+        "TensorFlow Serving's flags that change nothing in servex (taken so that its command lines start servex; "
+        "each one given is logged with the reason)"
+    )
+    for flag, why in NO_EFFECT_FLAGS.items():
+        tfs.add_argument(f"--{flag}", nargs="?", const="true", default=None, metavar="VALUE", help=why)
+    for flag, why in REFUSED_FLAGS.items():
+        tfs.add_argument(f"--{flag}", nargs="?", const="true", default=None, metavar="VALUE", help=f"refused: {why}")
     return p
 
 
-def parse_settings(argv: list[str] | None = None) -> tuple[ServerSettings, str]:
+class Parsed(NamedTuple):
+    settings: ServerSettings
+    log_level: str
+    notes: tuple[str, ...]  # warnings about the command line, logged once logging is set up
+
+
+def _given(value: str | None) -> bool:
+    return value is not None and value.strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def _session_config(path: str, fail) -> object:
+    """The ConfigProto of --tensorflow_session_config_file (TensorFlow is imported only when it is given)."""
+    from tensorflow.core.protobuf import config_pb2
+
+    try:
+        return text_format.Parse(Path(path).read_text(encoding="utf-8"), config_pb2.ConfigProto())
+    except OSError as e:
+        fail(f"--tensorflow_session_config_file: cannot read {path!r}: {e.strerror}")
+    except text_format.ParseError as e:
+        fail(f"--tensorflow_session_config_file: {path!r} is not a TensorFlow ConfigProto in text format: {e}")
+
+
+def _channel_arguments(text: str, fail) -> tuple[tuple[str, int | str], ...]:
+    """--grpc_channel_arguments: ``key=value`` pairs, comma-separated; values that parse as integers are ints."""
+    pairs = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            fail(f"--grpc_channel_arguments expects key=value[,key=value...], got {item!r}")
+        value = value.strip()
+        try:
+            pairs.append((key.strip(), int(value)))
+        except ValueError:
+            pairs.append((key.strip(), value))
+    return tuple(pairs)
+
+
+def _prometheus_path(path: str, fail) -> str:
+    """The REST path of --monitoring_config_file's Prometheus metrics; empty when it does not enable them."""
+    from protos.servex.v1 import monitoring_pb2
+
+    try:
+        config = text_format.Parse(Path(path).read_text(encoding="utf-8"), monitoring_pb2.MonitoringConfig())
+    except OSError as e:
+        fail(f"--monitoring_config_file: cannot read {path!r}: {e.strerror}")
+    except text_format.ParseError as e:
+        fail(f"--monitoring_config_file: {path!r} is not a MonitoringConfig in text format: {e}")
+    if not config.prometheus_config.enable:
+        return ""
+    rest_path = config.prometheus_config.path or DEFAULT_PROMETHEUS_PATH
+    if not rest_path.startswith("/"):
+        fail(f"--monitoring_config_file: prometheus_config.path must start with '/', got {rest_path!r}")
+    return rest_path
+
+
+def _versions() -> str:
+    try:
+        servex = metadata.version("servex")
+    except metadata.PackageNotFoundError:
+        servex = "unknown (not installed)"
+    import tensorflow as tf
+
+    return f"servex {servex}\nTensorFlow Library: {tf.__version__}"
+
+
+def parse_settings(argv: list[str] | None = None) -> Parsed:
     args = build_parser().parse_args(argv)
+    if args.version:
+        print(_versions())
+        raise SystemExit(0)
+    fail = build_parser().error
+    notes = []
+    for flag, why in REFUSED_FLAGS.items():
+        if _given(getattr(args, flag)):
+            fail(f"--{flag}: {why}")
+    for flag, why in NO_EFFECT_FLAGS.items():
+        value = getattr(args, flag)
+        if value is not None:
+            notes.append(f"--{flag}={value} has no effect in servex: {why}")
     prefetch = {}
     for item in args.prefetch_variables:
         model, sep, names = item.partition("=")
@@ -313,9 +482,33 @@ def parse_settings(argv: list[str] | None = None) -> tuple[ServerSettings, str]:
     if admin_port and not loopback and not args.admin_token_file:
         build_parser().error("--admin_bind_address other than loopback needs --admin_token_file")
     if args.model_config_file is not None and (args.model_base_path is not None or args.model_name is not None):
-        build_parser().error("--model_config_file replaces --model_name and --model_base_path: give one or the other")
+        notes.append("--model_name and --model_base_path are ignored: --model_config_file names the models (as in "
+                     "TensorFlow Serving)")  # fmt: skip
+        args.model_name = args.model_base_path = None
     if args.model_name is not None and args.model_base_path is None:
         build_parser().error("--model_name needs --model_base_path")
+    session_config = _session_config(args.tensorflow_session_config_file, fail) if (
+        args.tensorflow_session_config_file) else None  # fmt: skip
+    d = ServerSettings()
+    # A pool's own flag, else --tensorflow_session_parallelism, else the session config file, else servex's default.
+    pools = {}
+    for pool in ("intra", "inter"):
+        flag = getattr(args, f"tensorflow_{pool}_op_parallelism")
+        from_file = getattr(session_config, f"{pool}_op_parallelism_threads", 0)
+        pools[pool] = next(
+            v for v in (flag, args.tensorflow_session_parallelism or None, from_file or None,
+                        getattr(d, f"tensorflow_{pool}_op_parallelism")) if v is not None
+        )  # fmt: skip
+    gpu_fraction = args.per_process_gpu_memory_fraction
+    if not 0 <= gpu_fraction <= 1:
+        fail(f"--per_process_gpu_memory_fraction must be from 0 to 1, got {gpu_fraction}")
+    tags = tuple(t.strip() for t in args.saved_model_tags.split(",") if t.strip())
+    if not tags:
+        fail(f"--saved_model_tags names no tag: {args.saved_model_tags!r}")
+    prometheus_path = _prometheus_path(args.monitoring_config_file, fail) if args.monitoring_config_file else ""
+    if prometheus_path and not args.rest_api_port:
+        notes.append(f"--monitoring_config_file's path {prometheus_path} is not served: the REST port is off "
+                     f"(--rest_api_port=0); the metrics stay on --metrics_port")  # fmt: skip
     if args.model_base_path is not None:
         name = args.model_name or "default"
     else:
@@ -336,7 +529,7 @@ def parse_settings(argv: list[str] | None = None) -> tuple[ServerSettings, str]:
         max_message_bytes=args.max_message_bytes,
         enable_batching=args.enable_batching or bool(args.batching_parameters_file),
         batching_parameters_file=args.batching_parameters_file,
-        enable_per_model_batching_params=args.enable_per_model_batching_params,
+        enable_per_model_batching_params=args.enable_per_model_batching_parameters,
         max_queued_requests=args.max_queued_requests,
         max_queued_bytes=args.max_queued_bytes,
         priority_aging_ms=args.priority_aging_ms,
@@ -352,8 +545,13 @@ def parse_settings(argv: list[str] | None = None) -> tuple[ServerSettings, str]:
         client_graph_cache_size=args.client_graph_cache_size,
         pin_signature_graphs=args.pin_signature_graphs,
         num_run_workers=args.num_run_workers,
-        tensorflow_intra_op_parallelism=args.tensorflow_intra_op_parallelism,
-        tensorflow_inter_op_parallelism=args.tensorflow_inter_op_parallelism,
+        tensorflow_intra_op_parallelism=pools["intra"],
+        tensorflow_inter_op_parallelism=pools["inter"],
+        tensorflow_session_config=session_config.SerializeToString() if session_config is not None else b"",
+        per_process_gpu_memory_fraction=gpu_fraction,
+        saved_model_tags=tags,
+        grpc_channel_arguments=_channel_arguments(args.grpc_channel_arguments, fail),
+        prometheus_rest_path=prometheus_path if args.rest_api_port else "",
         run_in_caller_thread=args.run_in_caller_thread,
         device=args.device,
         tensor_content_outputs=args.tensor_content_outputs,
@@ -363,12 +561,14 @@ def parse_settings(argv: list[str] | None = None) -> tuple[ServerSettings, str]:
         serving_processes=args.serving_processes,
         process_group_size=args.process_group_size,
     )
-    return settings, args.log_level
+    return Parsed(settings, args.log_level, tuple(notes))
 
 
 def main(argv: list[str] | None = None) -> None:
-    settings, log_level = parse_settings(argv)
+    settings, log_level, notes = parse_settings(argv)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for note in notes:
+        logging.getLogger("servex").warning("%s", note)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if settings.serving_processes > 1:
         from server.supervisor import supervise  # no TensorFlow in the supervisor

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 
 import prometheus_client
 from prometheus_client import Counter, Histogram
@@ -103,6 +104,19 @@ def recorder(method: str, model: str, version: str, signature: str, priority: in
     if found is None:
         found = _recorders[key] = CallRecorder((method, model, version, signature, str(priority)), code)
     return found
+
+
+def exposition() -> tuple[bytes, str]:
+    """The Prometheus text exposition of every metric and its content type: this process's, or in a group of
+    serving processes (prometheus_client's multiprocess mode) all of theirs."""
+    registry = prometheus_client.REGISTRY
+    metrics_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if metrics_dir:
+        from prometheus_client.multiprocess import MultiProcessCollector
+
+        registry = prometheus_client.CollectorRegistry()
+        MultiProcessCollector(registry, path=metrics_dir)
+    return prometheus_client.generate_latest(registry), prometheus_client.CONTENT_TYPE_LATEST
 
 
 def start_metrics_server(port: int, address: str):

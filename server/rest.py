@@ -313,6 +313,7 @@ class RestServer:
         timeout_s: float,
         drain_s: float,
         reuse_port: bool = False,
+        prometheus_path: str = "",
     ):
         from server import rest_tfserving, rest_v2
 
@@ -321,6 +322,8 @@ class RestServer:
         app = web.Application(client_max_size=max_body_bytes)
         rest_v2.add_routes(app, self.rest)
         rest_tfserving.add_routes(app, self.rest)
+        if prometheus_path:  # TensorFlow Serving's --monitoring_config_file
+            app.router.add_get(prometheus_path, _prometheus)
         app.router.add_route("*", "/{tail:.*}", self.rest.endpoint("rest:unknown", _unknown_path))
         self.app = app
         self.drain_s = drain_s
@@ -355,6 +358,14 @@ class RestServer:
         if self.runner is not None:
             await self.runner.cleanup()
             self.runner = None
+
+
+async def _prometheus(request: web.Request) -> web.Response:
+    """The metrics, as on --metrics_port (generated off the event loop: a scrape walks every series)."""
+    from server.metrics import exposition
+
+    body, content_type = await asyncio.get_running_loop().run_in_executor(None, exposition)
+    return web.Response(body=body, headers={"Content-Type": content_type})
 
 
 async def _unknown_path(request: web.Request, call: Call, info: RequestInfo) -> web.StreamResponse:

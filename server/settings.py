@@ -102,6 +102,21 @@ class ServerSettings:
     # at a time.
     tensorflow_intra_op_parallelism: int = 1
     tensorflow_inter_op_parallelism: int = 0
+    # A TensorFlow session ConfigProto, serialized (TensorFlow Serving's --tensorflow_session_config_file, read
+    # by the CLI): the base of every version's session config; the thread pools above and
+    # per_process_gpu_memory_fraction apply over it where given on the command line. Empty: TensorFlow's defaults.
+    tensorflow_session_config: bytes = b""
+    # Share of each GPU's memory TensorFlow may take (TensorFlow Serving's flag); 0: TensorFlow decides.
+    per_process_gpu_memory_fraction: float = 0.0
+    # The SavedModel tags whose MetaGraphDef loads (TensorFlow Serving's --saved_model_tags, comma-separated).
+    saved_model_tags: tuple[str, ...] = ("serve",)
+    # gRPC channel arguments for the gRPC port (TensorFlow Serving's --grpc_channel_arguments, key=value pairs:
+    # integers where they parse as one), e.g. grpc.max_connection_age_ms. They win over servex's own (the message
+    # size limits of max_message_bytes).
+    grpc_channel_arguments: tuple[tuple[str, int | str], ...] = ()
+    # Serve the Prometheus metrics on the REST port at this path as well (TensorFlow Serving's
+    # --monitoring_config_file: prometheus_config { enable: true path: "..." }); empty: only on metrics_port.
+    prometheus_rest_path: str = ""
     # Run a graph's ops on the worker thread itself instead of handing them to TensorFlow's inter-op pool
     # (RunOptions.inter_op_thread_pool = -1): far less latency for small graphs.
     run_in_caller_thread: bool = True

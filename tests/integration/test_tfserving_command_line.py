@@ -1,0 +1,73 @@
+"""A tensorflow_model_server command line starts the real daemon: TensorFlow Serving's flags servex implements take
+effect (gRPC channel arguments, the Prometheus path of --monitoring_config_file on the REST port, SavedModel tags),
+and those that change nothing here are logged with the reason."""
+
+from __future__ import annotations
+
+import urllib.request
+
+import grpc
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+from tests.conftest import HALF_PLUS_TWO_TF1
+from tests.integration.daemon import run_to_exit
+
+SMALL = 1024  # the gRPC port's receive limit set through --grpc_channel_arguments
+
+
+def predict(channel, model: str, x: np.ndarray) -> predict_pb2.PredictResponse:
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = model
+    request.inputs["x"].CopyFrom(tf.make_tensor_proto(x))
+    return prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(request, timeout=30)
+
+
+def test_a_tensorflow_model_server_command_line_serves(start_daemon, tmp_path):
+    monitoring = tmp_path / "monitoring.config"
+    monitoring.write_text("prometheus_config { enable: true }")
+    daemon = start_daemon(
+        "--model_name=half",
+        f"--model_base_path={HALF_PLUS_TWO_TF1}",
+        "--rest_api_num_threads=8",
+        "--flush_filesystem_caches=true",
+        "--tensorflow_session_parallelism=2",
+        "--enable_batching=false",
+        f"--monitoring_config_file={monitoring}",
+        f"--grpc_channel_arguments=grpc.max_receive_message_length={SMALL}",
+        rest=True,
+    )
+    answer = predict(daemon.channel, "half", np.array([[1.0]], np.float32))
+    assert tf.make_ndarray(answer.outputs["y"]).ravel().tolist() == [2.5]
+    # The channel argument is in effect, after servex's own --max_message_bytes.
+    with pytest.raises(grpc.RpcError) as info:
+        predict(daemon.channel, "half", np.zeros((SMALL, 1), np.float32))
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    # TensorFlow Serving's Prometheus path on the REST port: the same metrics as --metrics_port.
+    with urllib.request.urlopen(f"{daemon.rest_url}/monitoring/prometheus/metrics", timeout=10) as reply:
+        assert reply.status == 200 and reply.headers["Content-Type"].startswith("text/plain")
+        text = reply.read().decode()
+    assert 'servex_requests_total{code="OK",method="Predict",model="half"' in text
+    log = daemon.log()
+    assert "--rest_api_num_threads=8 has no effect in servex" in log
+    assert "--flush_filesystem_caches=true has no effect in servex" in log
+
+
+def test_saved_model_tags_pick_the_meta_graph(start_daemon, tmp_path):
+    base = tmp_path / "tagged"
+    graph = tf.Graph()
+    with graph.as_default(), tf.compat.v1.Session(graph=graph) as session:
+        x = tf.compat.v1.placeholder(tf.float32, [None], name="x")
+        y = tf.identity(x * 3.0, name="y")
+        builder = tf.compat.v1.saved_model.Builder(str(base / "1"))
+        signature = tf.compat.v1.saved_model.predict_signature_def({"x": x}, {"y": y})
+        builder.add_meta_graph_and_variables(session, ["tpu_free", "custom"], {"serving_default": signature})
+        builder.save()
+    daemon = start_daemon("--model_name=tagged", f"--model_base_path={base}", "--saved_model_tags=custom,tpu_free")
+    answer = predict(daemon.channel, "tagged", np.array([2.0], np.float32))
+    assert tf.make_ndarray(answer.outputs["y"]).tolist() == [6.0]
+    # With TensorFlow Serving's default tag ("serve") the model does not load, and the error names the tags.
+    out = run_to_exit(["--model_name=tagged", f"--model_base_path={base}"])
+    assert out.returncode == 1 and "with tags ['serve']" in out.stderr

@@ -1,0 +1,187 @@
+"""TensorFlow Serving's command line starts servex: every tensorflow_model_server flag is taken. Those servex
+implements set their settings; those that change nothing here are noted (logged at start) with the reason; those
+asking for TLS are refused rather than served in plaintext."""
+
+from __future__ import annotations
+
+import pytest
+
+from server.cli import DEFAULT_PROMETHEUS_PATH, NO_EFFECT_FLAGS, REFUSED_FLAGS, parse_settings
+from server.settings import ServerSettings
+
+# A tensorflow_model_server command line using every flag of TensorFlow Serving's main.cc (2.x) that servex does
+# not implement itself, with the values such lines carry.
+TFS_ONLY = [
+    "--rest_api_num_threads=8",
+    "--rest_api_enable_cors_support=true",
+    "--allow_version_labels_for_unavailable_models",
+    "--num_load_threads=4",
+    "--num_unload_threads=2",
+    "--flush_filesystem_caches=false",
+    "--platform_config_file=/etc/platform.config",
+    "--grpc_max_threads=16",
+    "--grpc_socket_path=/tmp/tfs.sock",
+    "--remove_unused_fields_from_bundle_metagraph=true",
+    "--prefer_tflite_model=false",
+    "--num_tflite_pools=2",
+    "--num_tflite_interpreters_per_pool=1",
+    "--enable_signature_method_name_check=false",
+    "--xla_cpu_compilation_enabled=false",
+    "--xla_gpu_compilation_enabled=false",
+    "--enable_profiler=true",
+    "--thread_pool_factory_config_file=/etc/pools.config",
+    "--mixed_precision=bfloat16",
+    "--skip_initialize_tpu=true",
+    "--enable_grpc_healthcheck_service=true",
+    "--ssl_config_file=",
+    "--use_alts_credentials=false",
+]
+
+
+def test_every_tensorflow_serving_only_flag_is_taken_and_noted_with_its_reason():
+    parsed = parse_settings(["--model_base_path=/models/m", *TFS_ONLY])
+    assert parsed.settings.model_base_path == "/models/m"
+    noted = {note.split("=")[0] for note in parsed.notes}
+    assert noted == {f"--{flag}" for flag in NO_EFFECT_FLAGS}
+    assert "--rest_api_num_threads=8 has no effect in servex: REST is served by the event loop" in parsed.notes[0]
+    assert set(NO_EFFECT_FLAGS) | set(REFUSED_FLAGS) == {f.split("=")[0][2:] for f in TFS_ONLY}
+
+
+@pytest.mark.parametrize(
+    ("flag", "why"),
+    [("--ssl_config_file=/etc/ssl.config", "without TLS"), ("--use_alts_credentials", "without ALTS")],
+)
+def test_flags_asking_for_tls_are_refused_rather_than_served_in_plaintext(flag, why, capsys):
+    with pytest.raises(SystemExit) as info:
+        parse_settings([flag])
+    assert info.value.code == 2
+    assert why in capsys.readouterr().err
+
+
+def test_an_unknown_flag_is_still_an_error(capsys):
+    with pytest.raises(SystemExit) as info:
+        parse_settings(["--no_such_flag=1"])
+    assert info.value.code == 2 and "--no_such_flag" in capsys.readouterr().err
+
+
+def test_tensorflow_serving_spellings_of_servex_settings():
+    settings = parse_settings(
+        ["--enable_per_model_batching_parameters", "--enable_serialization_as_tensor_content=true"]
+    ).settings
+    assert settings.enable_per_model_batching_params and settings.tensor_content_outputs
+    settings = parse_settings(["--enable_per_model_batching_params=true", "--tensor_content_outputs"]).settings
+    assert settings.enable_per_model_batching_params and settings.tensor_content_outputs
+    assert not parse_settings([]).settings.tensor_content_outputs
+
+
+def test_model_config_file_wins_over_model_name_and_base_path_as_in_tensorflow_serving():
+    parsed = parse_settings(["--model_config_file=/etc/models.config", "--model_name=m", "--model_base_path=/m"])
+    assert parsed.settings.model_config_file == "/etc/models.config"
+    assert parsed.settings.model_base_path == ""
+    assert any("--model_name and --model_base_path are ignored" in note for note in parsed.notes)
+
+
+def test_thread_pools_from_their_flags_session_parallelism_or_servex_defaults():
+    d = ServerSettings()
+    settings = parse_settings([]).settings
+    assert (settings.tensorflow_intra_op_parallelism, settings.tensorflow_inter_op_parallelism) == (
+        d.tensorflow_intra_op_parallelism,
+        d.tensorflow_inter_op_parallelism,
+    )
+    settings = parse_settings(["--tensorflow_session_parallelism=6"]).settings
+    assert (settings.tensorflow_intra_op_parallelism, settings.tensorflow_inter_op_parallelism) == (6, 6)
+    settings = parse_settings(["--tensorflow_session_parallelism=6", "--tensorflow_intra_op_parallelism=2"]).settings
+    assert (settings.tensorflow_intra_op_parallelism, settings.tensorflow_inter_op_parallelism) == (2, 6)
+    settings = parse_settings(["--tensorflow_inter_op_parallelism=0"]).settings
+    assert settings.tensorflow_inter_op_parallelism == 0
+
+
+def test_session_config_file_is_the_base_and_given_flags_apply_over_it(tmp_path):
+    import tensorflow as tf
+
+    from server.app import session_config
+
+    path = tmp_path / "session.config"
+    path.write_text(
+        "intra_op_parallelism_threads: 3 inter_op_parallelism_threads: 5 "
+        "gpu_options { allow_growth: true per_process_gpu_memory_fraction: 0.25 } log_device_placement: false"
+    )
+    settings = parse_settings([f"--tensorflow_session_config_file={path}"]).settings
+    config = session_config(settings)
+    assert isinstance(config, tf.compat.v1.ConfigProto)
+    assert (config.intra_op_parallelism_threads, config.inter_op_parallelism_threads) == (3, 5)
+    assert config.gpu_options.allow_growth and config.gpu_options.per_process_gpu_memory_fraction == 0.25
+    assert config.allow_soft_placement  # servex's own
+    settings = parse_settings(
+        [
+            f"--tensorflow_session_config_file={path}",
+            "--tensorflow_intra_op_parallelism=1",
+            "--per_process_gpu_memory_fraction=0.5",
+        ]
+    ).settings
+    config = session_config(settings)
+    assert (config.intra_op_parallelism_threads, config.inter_op_parallelism_threads) == (1, 5)
+    assert config.gpu_options.allow_growth and config.gpu_options.per_process_gpu_memory_fraction == 0.5
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [(None, "cannot read"), ("intra_op_parallelism_threads: 'many'", "is not a TensorFlow ConfigProto in text")],
+)
+def test_a_session_config_file_that_cannot_be_used_is_refused(tmp_path, text, message, capsys):
+    path = tmp_path / "session.config"
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(SystemExit) as info:
+        parse_settings([f"--tensorflow_session_config_file={path}"])
+    assert info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_saved_model_tags_and_grpc_channel_arguments(capsys):
+    settings = parse_settings([]).settings
+    assert settings.saved_model_tags == ("serve",) and settings.grpc_channel_arguments == ()
+    settings = parse_settings(
+        ["--saved_model_tags=serve, gpu", "--grpc_channel_arguments=grpc.max_connection_age_ms=2000,a.b=text"]
+    ).settings
+    assert settings.saved_model_tags == ("serve", "gpu")
+    assert settings.grpc_channel_arguments == (("grpc.max_connection_age_ms", 2000), ("a.b", "text"))
+    for bad, message in [
+        ("--grpc_channel_arguments=grpc.keepalive_time_ms", "expects key=value"),
+        ("--saved_model_tags=,", "names no tag"),
+        ("--per_process_gpu_memory_fraction=1.5", "must be from 0 to 1"),
+    ]:
+        with pytest.raises(SystemExit):
+            parse_settings([bad])
+        assert message in capsys.readouterr().err
+
+
+def test_monitoring_config_file_serves_prometheus_on_the_rest_port(tmp_path, capsys):
+    path = tmp_path / "monitoring.config"
+    path.write_text('prometheus_config { enable: true path: "/monitoring/prometheus/metrics" }')
+    assert parse_settings([f"--monitoring_config_file={path}"]).settings.prometheus_rest_path == (
+        "/monitoring/prometheus/metrics"
+    )
+    path.write_text("prometheus_config { enable: true }")
+    assert parse_settings([f"--monitoring_config_file={path}"]).settings.prometheus_rest_path == (
+        DEFAULT_PROMETHEUS_PATH
+    )
+    path.write_text('prometheus_config { enable: false path: "/m" }')
+    assert parse_settings([f"--monitoring_config_file={path}"]).settings.prometheus_rest_path == ""
+    path.write_text("prometheus_config { enable: true }")
+    parsed = parse_settings([f"--monitoring_config_file={path}", "--rest_api_port=0"])
+    assert parsed.settings.prometheus_rest_path == ""
+    assert any("the REST port is off" in note for note in parsed.notes)
+    path.write_text('prometheus_config { enable: true path: "metrics" }')
+    with pytest.raises(SystemExit):
+        parse_settings([f"--monitoring_config_file={path}"])
+    assert "must start with '/'" in capsys.readouterr().err
+
+
+def test_version_prints_servex_and_tensorflow_versions(capsys):
+    import tensorflow as tf
+
+    with pytest.raises(SystemExit) as info:
+        parse_settings(["--version"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("servex ") and f"TensorFlow Library: {tf.__version__}" in out
