@@ -27,7 +27,7 @@ from protos.inference import grpc_service_pb2 as pb
 from protos.inference import grpc_service_pb2_grpc as pb_grpc
 from server import tensors, v2_config, v2_stats, v2_types
 from server.core import DEFAULT_SIGNATURE, REQUEST, RequestInfo, ServingCore, checked_priority
-from server.rpc import check_answer_size, record, request_info, rpc
+from server.rpc import Malformed, check_answer_size, model_name, record, request_info, rpc
 from server.shared_memory import NO_CUDA_MEMORY
 from server.v2_config import PLATFORM
 
@@ -172,6 +172,8 @@ class KServeService(pb_grpc.GRPCInferenceServiceServicer):
             code = "OK"
             info = RequestInfo()
             try:
+                if type(request) is Malformed:
+                    raise InvalidArgument(request.message)
                 info = request_info(context)
                 REQUEST.set(info)
                 answer = pb.ModelStreamInferResponse(infer_response=await self._infer(request))
@@ -186,8 +188,10 @@ class KServeService(pb_grpc.GRPCInferenceServiceServicer):
                 log.exception("ModelStreamInfer failed")
                 answer = pb.ModelStreamInferResponse(error_message=f"INTERNAL: {type(e).__name__}: {e}")
             finally:
-                record(self.core, "ModelStreamInfer", request.model_name, info, code, start)
+                record(self.core, "ModelStreamInfer", model_name(request), info, code, start)
             yield answer
+
+    ModelStreamInfer.parses_malformed = True
 
     # -- Triton's system shared memory extension (server/shared_memory.py) ------------------------------
 

@@ -21,6 +21,8 @@ from collections.abc import Sequence
 
 import grpc
 
+from server.rpc import lenient
+
 
 class ListenerGroup(grpc.aio.Server):
     """``count`` grpc.aio servers with the same services on the same port.
@@ -58,7 +60,7 @@ class ListenerGroup(grpc.aio.Server):
             if method not in self._table.methods:
                 served = self._table.generic_handler(method)
                 if served is None or served is handler:
-                    self._table.methods[method] = handler
+                    self._table.methods[method] = lenient(handler)
 
     def add_insecure_port(self, address: str) -> int:
         """Bind every listener to ``address`` ("host:port"; port 0 picks a free one for all); the port bound.
@@ -95,7 +97,9 @@ class ListenerGroup(grpc.aio.Server):
 class _MethodTable(grpc.GenericRpcHandler):
     """The one generic handler of each listener: grpcio asks a server's generic handlers in turn for every call,
     a Python call each, so registered methods are looked up here in one dict, and handlers added only as generic
-    ones (reflection's, say, or servex's SessionService) are asked after it, in the order they were added."""
+    ones (reflection's, say, or those of tensorflow-serving-api's generated code, which predates registered
+    methods) are asked after it, in the order they were added, and kept in the dict once found. Every handler
+    kept is ``lenient``: servex's methods answer a request that does not parse themselves."""
 
     def __init__(self):
         self.methods: dict[str, grpc.RpcMethodHandler] = {}
@@ -104,7 +108,9 @@ class _MethodTable(grpc.GenericRpcHandler):
     def service(self, handler_call_details):
         handler = self.methods.get(handler_call_details.method)
         if handler is None:
-            return self._ask_generic(handler_call_details)
+            handler = self._ask_generic(handler_call_details)
+            if handler is not None:  # kept, once found: generic handlers serve a method with one handler
+                handler = self.methods[handler_call_details.method] = lenient(handler)
         return handler
 
     def generic_handler(self, method: str) -> grpc.RpcMethodHandler | None:

@@ -11,8 +11,9 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
-from loader.errors import ResourceExhausted, ServingError
+from loader.errors import InvalidArgument, ResourceExhausted, ServingError
 from server import metrics
 from server.core import REQUEST, RequestInfo, priority_from_text
 
@@ -82,6 +83,39 @@ def _no_name(request) -> str:
     return ""
 
 
+class Malformed:
+    """A request message that does not parse, handed to servex's methods in its place (see ``lenient``)."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, message: str):
+        self.message = message
+
+
+_MODEL_NAME_OF[Malformed] = _no_name
+
+
+def lenient(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    """``handler``, with a request deserializer that hands servex's methods (those marked ``parses_malformed``:
+    ``rpc``'s, ModelStreamInfer) a ``Malformed`` instead of raising. A deserializer that raises makes grpcio
+    answer UNKNOWN, naming a Python class, and log a traceback for every such call; the methods answer
+    INVALID_ARGUMENT naming the message type, and count the call. Other handlers are returned as they are."""
+    behavior = handler.unary_unary or handler.unary_stream or handler.stream_unary or handler.stream_stream
+    parse = handler.request_deserializer
+    if parse is None or not getattr(behavior, "parses_malformed", False):
+        return handler
+    descriptor = getattr(getattr(parse, "__self__", None), "DESCRIPTOR", None)
+    what = descriptor.full_name if descriptor is not None else "request"
+
+    def parse_or_say(raw: bytes):
+        try:
+            return parse(raw)
+        except DecodeError as e:
+            return Malformed(f"the request is not a valid {what} message: {e}")
+
+    return handler._replace(request_deserializer=parse_or_say)
+
+
 def rpc(method):
     """Map ServingErrors to gRPC statuses and record the request's metrics."""
     name = method.__name__
@@ -93,6 +127,8 @@ def rpc(method):
         code = "OK"
         info = RequestInfo()
         try:
+            if type(request) is Malformed:
+                raise InvalidArgument(request.message)
             info = request_info(context)
             REQUEST.set(info)
             answer = await method(self, request, context)
@@ -111,6 +147,7 @@ def rpc(method):
             record(self.core, name, model, info, code, start)
         await context.abort(status, bounded(message))
 
+    wrapper.parses_malformed = True
     return wrapper
 
 
@@ -118,12 +155,18 @@ MAX_MESSAGE_CHARS = 4096
 
 
 def bounded(message: str) -> str:
-    """An error message cut to ``MAX_MESSAGE_CHARS``: it travels in a trailer, and gRPC refuses trailers past
-    16 KiB, which would hide the status behind a RESOURCE_EXHAUSTED of its own (a request naming thousands of
-    unknown outputs, say, gets a message listing them)."""
-    if len(message) <= MAX_MESSAGE_CHARS:
+    """An error message cut to ``MAX_MESSAGE_CHARS`` bytes as gRPC sends it: it travels in a trailer, and gRPC
+    refuses trailers past 16 KiB, which would hide the status behind a RESOURCE_EXHAUSTED of its own (a request
+    naming thousands of unknown outputs, say, gets a message listing them). gRPC percent-encodes the message:
+    each byte outside printable ASCII (a non-ASCII character's UTF-8 bytes, a newline) and ``%`` take 3 bytes."""
+    if len(message) <= MAX_MESSAGE_CHARS and message.isascii():  # at most 3 x 4,096 bytes once encoded
         return message
-    return f"{message[:MAX_MESSAGE_CHARS]}... ({len(message) - MAX_MESSAGE_CHARS} more characters)"
+    size = 0
+    for end, char in enumerate(message):
+        size += 1 if " " <= char <= "~" and char != "%" else 3 * len(char.encode("utf-8", "surrogatepass"))
+        if size > MAX_MESSAGE_CHARS:
+            return f"{message[:end]}... ({len(message) - end} more characters)"
+    return message
 
 
 def check_answer_size(answer, limit: int | None, method: str) -> None:

@@ -189,3 +189,4 @@ class SessionService:
             response_serializer=session_service_pb2.SessionRunResponse.SerializeToString,
         )
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(self.SERVICE, {"SessionRun": handler}),))
+        server.add_registered_method_handlers(self.SERVICE, {"SessionRun": handler})  # as generated code does

@@ -89,6 +89,18 @@ def test_an_error_message_naming_thousands_of_outputs_is_cut_and_keeps_its_statu
     assert details.endswith("more characters)") and len(details) < 4200
 
 
+def test_an_error_message_of_non_ascii_characters_is_cut_as_grpc_encodes_it(daemon):
+    # gRPC percent-encodes the message: a CJK character takes 9 bytes, so 2,000 of them (within 4,096
+    # characters) would pass gRPC's 16 KiB trailer limit and turn into its own RESOURCE_EXHAUSTED.
+    stub = prediction_service_pb2_grpc.PredictionServiceStub(daemon.channel)
+    request = predict(tf.make_tensor_proto(np.array([[1.0]], np.float32)))
+    request.model_spec.name = "模" * 2000
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Predict(request, timeout=30)
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    assert info.value.details().startswith("model '模模") and info.value.details().endswith("more characters)")
+
+
 def test_large_typed_requests_and_answers_round_trip(daemon):
     x = np.arange(200_000, dtype=np.float32).reshape(-1, 1)  # past OFF_LOOP_ELEMENTS both ways
     stub = prediction_service_pb2_grpc.PredictionServiceStub(daemon.channel)
