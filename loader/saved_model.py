@@ -81,6 +81,9 @@ class Signature:
     # All output aliases in a fixed order, and their tensor names, for requests without an output filter.
     output_aliases: tuple[str, ...] = field(default=())
     output_names: tuple[str, ...] = field(default=())
+    # Values of the inputs a request may leave out (SignatureDef.defaults: a TF2 function's arguments with
+    # defaults), read-only, by alias.
+    defaults: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 @dataclass
@@ -115,6 +118,19 @@ def _signature(name: str, sig: meta_graph_pb2.SignatureDef, path: str) -> Signat
     inputs = {alias: _tensor_spec(info, f"{where} input {alias!r}") for alias, info in sig.inputs.items()}
     outputs = {alias: _tensor_spec(info, f"{where} output {alias!r}") for alias, info in sig.outputs.items()}
     aliases = tuple(sorted(outputs))
+    defaults = {}
+    for alias, proto in sig.defaults.items():
+        if alias not in inputs:
+            raise LoadError(f"{where}: a default is given for {alias!r}, which is not one of its inputs")
+        value = tf.make_ndarray(proto)
+        spec = inputs[alias]
+        if value.dtype != spec.dtype or not shape_matches(spec.shape, value.shape):
+            raise LoadError(
+                f"{where}: the default of input {alias!r} is {types_pb2.DataType.Name(proto.dtype)} "
+                f"{shape_text(value.shape)}, but the input is {spec.describe()}"
+            )
+        value.flags.writeable = False  # fed to every request that leaves the input out
+        defaults[alias] = value
     return Signature(
         name=name,
         method_name=sig.method_name,
@@ -122,6 +138,7 @@ def _signature(name: str, sig: meta_graph_pb2.SignatureDef, path: str) -> Signat
         outputs=outputs,
         output_aliases=aliases,
         output_names=tuple(outputs[a].name for a in aliases),
+        defaults=defaults,
     )
 
 

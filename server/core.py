@@ -298,13 +298,20 @@ class ServingCore:
     def _feeds(self, served, sig: Signature, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         specs = sig.inputs
         if inputs.keys() != specs.keys():
-            missing = sorted(specs.keys() - inputs.keys())
+            missing = sorted(specs.keys() - inputs.keys() - sig.defaults.keys())
             unknown = sorted(inputs.keys() - specs.keys())
-            expected = ", ".join(f"{a} ({s.describe()})" for a, s in sorted(specs.items())) or "none"
-            parts = ([f"missing input(s) {missing}"] if missing else []) + (
-                [f"unknown input(s) {unknown}"] if unknown else []
-            )
-            raise InvalidArgument(f"{self._where(served, sig)}: {'; '.join(parts)}; expected inputs: {expected}")
+            if missing or unknown:
+                expected = ", ".join(
+                    f"{a} ({s.describe()}{', optional' if a in sig.defaults else ''})" for a, s in sorted(specs.items())
+                )
+                parts = ([f"missing input(s) {missing}"] if missing else []) + (
+                    [f"unknown input(s) {unknown}"] if unknown else []
+                )
+                raise InvalidArgument(
+                    f"{self._where(served, sig)}: {'; '.join(parts)}; expected inputs: {expected or 'none'}"
+                )
+            # Inputs left out take the signature's defaults, as in TensorFlow Serving.
+            inputs = {**{a: v for a, v in sig.defaults.items() if a not in inputs}, **inputs}
         feeds = {}
         for alias, value in inputs.items():
             spec = specs[alias]

@@ -33,7 +33,7 @@ from tensorflow.core.example import example_pb2, feature_pb2
 from tensorflow_serving.apis import classification_pb2, get_model_status_pb2, input_pb2, regression_pb2
 
 from loader.errors import CODE_NAMES, InvalidArgument
-from loader.saved_model import HIDDEN_SIGNATURES, TensorSpec
+from loader.saved_model import TensorSpec
 from server import examples
 from server import rest_codec as codec
 from server.core import REQUEST, RequestInfo
@@ -457,9 +457,8 @@ def metadata_json(served) -> bytes:
     spec = model_pb2.ModelSpec(name=served.name)
     spec.version.value = served.version
     signatures = get_model_metadata_pb2.SignatureDefMap()
-    for sig_name, sig in served.servable.model.meta_graph.signature_def.items():
-        if sig_name not in HIDDEN_SIGNATURES:
-            signatures.signature_def[sig_name].CopyFrom(sig)
+    for sig_name, sig in served.servable.model.meta_graph.signature_def.items():  # all, as gRPC's
+        signatures.signature_def[sig_name].CopyFrom(sig)
     options = {"preserving_proto_field_name": True, "always_print_fields_with_no_presence": True}
     return codec.dumps(
         {

@@ -27,7 +27,6 @@ from tensorflow_serving.apis import (
 
 from loader.config import ModelSpec, specs_from_proto
 from loader.errors import CODE_NAMES, FailedPrecondition, InvalidArgument
-from loader.saved_model import HIDDEN_SIGNATURES
 from server import examples, tensors
 from server.core import REQUEST, ServingCore
 from server.rpc import rpc, spec_version
@@ -87,9 +86,10 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
         spec = request.model_spec
         served = self.core.resolve(spec.name, spec_version(spec), spec.version_label)
         signature_map = get_model_metadata_pb2.SignatureDefMap()
+        # Every SignatureDef of the MetaGraphDef, as TensorFlow Serving answers (TF2's __saved_model_init_op too,
+        # which no request can run).
         for name, sig in served.servable.model.meta_graph.signature_def.items():
-            if name not in HIDDEN_SIGNATURES:
-                signature_map.signature_def[name].CopyFrom(sig)
+            signature_map.signature_def[name].CopyFrom(sig)
         packed = any_pb2.Any()
         packed.Pack(signature_map)
         response = get_model_metadata_pb2.GetModelMetadataResponse()

@@ -40,12 +40,14 @@ class Flavor:
     shape_text: str  # the signature's shape, as error messages print it
     bad_shapes: tuple[tuple[int, ...], ...]  # shapes the signature rejects (same rank, other non-batch dims)
     other_ranks: tuple[tuple[int, ...], ...]  # other ranks: left to TensorFlow, which computes them here
+    x_default: list[float] | None  # serving_default's default for x (SignatureDef.defaults), if any
 
 
 FLAVORS = {
-    "tf1": Flavor("tf1", HALF_PLUS_TWO_TF1, (3, 1), "[-1,1]", ((2, 2), (3, 3)), ((3,),)),
-    # TF2's export declares x as [1]; dimension 0 is the batch and takes any size.
-    "tf2": Flavor("tf2", HALF_PLUS_TWO_TF2, (3,), "[1]", (), ((3, 1), ())),
+    "tf1": Flavor("tf1", HALF_PLUS_TWO_TF1, (3, 1), "[-1,1]", ((2, 2), (3, 3)), ((3,),), None),
+    # TF2's export declares x as [1]; dimension 0 is the batch and takes any size. Its function's argument has
+    # a default (x=[0.0]), which the SignatureDef carries.
+    "tf2": Flavor("tf2", HALF_PLUS_TWO_TF2, (3,), "[1]", (), ((3, 1), ()), [0.0]),
 }
 
 
@@ -174,11 +176,6 @@ ERROR_CASES = {
         grpc.StatusCode.FAILED_PRECONDITION,
         ["'nosuch'", "serving_default", "classify_x_to_y", "regress_x_to_y"],
     ),
-    "missing-input": (
-        lambda f: predict_request(),
-        grpc.StatusCode.INVALID_ARGUMENT,
-        ["missing input(s) ['x']", "x (DT_FLOAT "],
-    ),
     "unknown-input": (
         _with_extra_input,
         grpc.StatusCode.INVALID_ARGUMENT,
@@ -217,6 +214,17 @@ def test_predict_errors_name_what_was_wrong_and_server_keeps_serving(stub, flavo
     assert_half_plus_two(stub, flavor)
 
 
+def test_a_missing_input_takes_the_signature_s_default_or_is_named(stub, flavor):
+    if flavor.x_default is None:  # TF1: no default, so x is required
+        error = rpc_error(stub.Predict, predict_request())
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "missing input(s) ['x']" in error.details() and "x (DT_FLOAT " in error.details()
+    else:  # as TensorFlow Serving: the SignatureDef's default is fed
+        y = tf.make_ndarray(stub.Predict(predict_request(), timeout=30).outputs["y"])
+        assert y.tolist() == [0.5 * v + 2 for v in flavor.x_default]
+    assert_half_plus_two(stub, flavor)
+
+
 def test_predict_shapes_refused_and_left_to_tensorflow(stub, flavor):
     for shape in flavor.bad_shapes:  # the signature's other dimensions are checked, naming both shapes
         error = rpc_error(stub.Predict, predict_request(np.ones(shape, np.float32)))
@@ -237,17 +245,22 @@ def test_get_model_metadata_matches_tensorflow_serving(stub, flavor):
     assert reply.model_spec.name == MODEL and reply.model_spec.version.value == 123
     got = get_model_metadata_pb2.SignatureDefMap()
     assert reply.metadata["signature_def"].Unpack(got)
-    assert "__saved_model_init_op" not in got.signature_def
     expected = get_model_metadata_pb2.SignatureDefMap()
     if flavor.name == "tf1":  # what TensorFlow Serving answered for this model, recorded in its test data
         doc = json.loads((EXPECTED / "half_plus_two_model_metadata.json").read_text())
         json_format.ParseDict(doc["metadata"]["signature_def"], expected)
-    else:  # the SavedModel's own signature map, less TensorFlow's bookkeeping signature
+    else:  # the SavedModel's own signature map, whole, as TensorFlow Serving answers
         saved = saved_model_pb2.SavedModel.FromString((flavor.path / "00000123" / "saved_model.pb").read_bytes())
         for name, sig in saved.meta_graphs[0].signature_def.items():
-            if name != "__saved_model_init_op":
-                expected.signature_def[name].CopyFrom(sig)
+            expected.signature_def[name].CopyFrom(sig)
         assert "classify_x_to_y" in expected.signature_def
+        # TF2's bookkeeping signature too, as TensorFlow Serving's recorded answer for a TF2 export has it.
+        doc = json.loads((EXPECTED / "saved_model_half_plus_two_tf2_2_versions_metadata.json").read_text())
+        recorded = get_model_metadata_pb2.SignatureDefMap()
+        json_format.ParseDict(doc["metadata"]["signature_def"], recorded)
+        init_op = "__saved_model_init_op"
+        assert got.signature_def[init_op] == recorded.signature_def[init_op]
+        assert got.signature_def["serving_default"].defaults["x"].float_val == [0.0]
     assert got == expected
 
 

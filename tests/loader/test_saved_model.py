@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from tensorflow.core.framework import types_pb2
-from tensorflow.core.protobuf import meta_graph_pb2
+from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
 
 from executor import GraphExecutor
 from loader import LoadError, ServingError, load_saved_model
@@ -105,6 +105,36 @@ def test_tf2_half_plus_two_signatures_hide_init_op(tf2):
     assert set(sig.outputs) == {"y"}
     assert sig.outputs["y"].dtype_enum == types_pb2.DT_FLOAT
     assert sig.output_names == (sig.outputs["y"].name,)
+
+
+def test_signature_defaults_are_read_once_at_load(tf2, tmp_path):
+    # TensorFlow Serving's TF2 export: serving_default's x defaults to [0.0] (SignatureDef.defaults).
+    default = tf2.signatures["serving_default"].defaults["x"]
+    assert default.dtype == np.float32 and default.tolist() == [0.0] and not default.flags.writeable
+    assert tf2.signatures["regress_x_to_y"].defaults == {}
+
+    class Scaled(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.float32), tf.TensorSpec([], tf.float32)])
+        def f(self, x, scale=tf.constant(2.0)):  # noqa: B008 - a tensor default is what TensorFlow records
+            return {"y": x * scale}
+
+    module = Scaled()
+    tf.saved_model.save(module, str(tmp_path / "1"), signatures={"serving_default": module.f})
+    model = load_saved_model(str(tmp_path / "1"))
+    try:
+        sig = model.signatures["serving_default"]
+        assert set(sig.inputs) == {"x", "scale"} and set(sig.defaults) == {"scale"}
+        assert sig.defaults["scale"].tolist() == 2.0
+    finally:
+        model.close()
+    # A default that does not fit its input fails the load, naming both.
+    pb = tmp_path / "1" / "saved_model.pb"
+    saved = saved_model_pb2.SavedModel.FromString(pb.read_bytes())
+    saved.meta_graphs[0].signature_def["serving_default"].defaults["scale"].CopyFrom(
+        tf.make_tensor_proto(np.array([1, 2], np.int32))
+    )
+    pb.write_bytes(saved.SerializeToString())
+    assert_load_error(str(tmp_path / "1"), "the default of input 'scale' is DT_INT32 [2]", "DT_FLOAT []")
 
 
 def test_tf1_half_plus_two_runs(tf1):
