@@ -310,7 +310,7 @@ class GraphExecutor:
             return self.model.graph.get_tensor_by_name(name)
         except (KeyError, ValueError, TypeError) as e:
             raise InvalidArgument(
-                f"cannot {role} {name!r}: no such tensor in the graph of {self.model.path!r} "
+                f"cannot {role} {name!r}: no such tensor in the model's graph "
                 f"(tensor names look like 'op_name:0'){self._suggest(name, tensors=True)}"
             ) from e
 
@@ -319,7 +319,7 @@ class GraphExecutor:
             return self.model.graph.get_operation_by_name(name)
         except (KeyError, ValueError, TypeError) as e:
             raise InvalidArgument(
-                f"cannot run target {name!r}: no such operation in {self.model.path!r}"
+                f"cannot run target {name!r}: no such operation in the model's graph"
                 f"{self._suggest(name, tensors=False)}"
             ) from e
 

@@ -6,6 +6,8 @@ Keeping them here (the bottom layer) lets `loader/` and `executor/` raise them w
 
 from __future__ import annotations
 
+import copy
+
 
 class ServingError(Exception):
     """An error a caller can act on: ``code`` says which kind, ``message`` says what and what was expected."""
@@ -15,6 +17,14 @@ class ServingError(Exception):
     def __init__(self, message: str):
         super().__init__(message)
         self.message = message
+
+    def within(self, where: str) -> ServingError:
+        """A copy of this error (same class and code) whose message starts with ``where``; a copy, since one
+        error may reach several callers (a batched run's)."""
+        error = copy.copy(self)
+        error.message = f"{where}: {self.message}"
+        error.args = (error.message,)
+        return error
 
 
 # gRPC's (and TensorFlow's) status codes by number.

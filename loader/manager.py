@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from loader.config import ModelSpec
-from loader.errors import LoadError, NotFound, ServingError, Unavailable
+from loader.errors import InvalidArgument, LoadError, NotFound, ServingError, Unavailable
 from loader.versions import list_versions
 
 log = logging.getLogger(__name__)
@@ -342,7 +342,8 @@ class ModelManager(Generic[S]):
         if label:
             if label not in model.spec.labels:
                 labels = ", ".join(f"{k}={v}" for k, v in sorted(model.spec.labels.items())) or "none"
-                raise NotFound(f"model {name!r} has no version label {label!r} (labels: {labels})")
+                # INVALID_ARGUMENT, as TensorFlow Serving's "Unrecognized servable version label"
+                raise InvalidArgument(f"model {name!r} has no version label {label!r} (labels: {labels})")
             version = model.spec.labels[label]
         if version is None:
             latest = model.latest()
@@ -374,7 +375,7 @@ class ModelManager(Generic[S]):
             if label:
                 if label not in model.spec.labels:
                     labels = ", ".join(f"{k}={v}" for k, v in sorted(model.spec.labels.items())) or "none"
-                    raise NotFound(f"model {name!r} has no version label {label!r} (labels: {labels})")
+                    raise InvalidArgument(f"model {name!r} has no version label {label!r} (labels: {labels})")
                 version = model.spec.labels[label]
             if version is not None:
                 sv = model.versions.get(version)

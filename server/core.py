@@ -19,7 +19,7 @@ import numpy as np
 
 from executor import GraphExecutor, RunHandler, client_graph_key
 from executor.run_handler import Ticket
-from loader.errors import FailedPrecondition, InvalidArgument
+from loader.errors import FailedPrecondition, InvalidArgument, ServingError
 from loader.manager import ModelManager, ServedVersion
 from loader.saved_model import Signature, TensorSpec, shape_matches, shape_text
 from server.shared_memory import SharedMemoryRegistry
@@ -228,7 +228,10 @@ class ServingCore:
             sig = self.signature(served, signature_name)
             feeds = self._feeds(served, sig, inputs)
             aliases, fetches = self._fetches(served, sig, output_filter, output_filter_field)
-            values = await self.run_signature_tensors(lease, feeds, fetches, sig.name)
+            try:
+                values = await self.run_signature_tensors(lease, feeds, fetches, sig.name)
+            except ServingError as e:  # the run's own (TensorFlow's, the queue's): say which model it was
+                raise e.within(self._where(served, sig)) from e
         finally:
             lease.end()
         return PredictResult(served.name, served.version, sig.name, dict(zip(aliases, values, strict=True)))
@@ -259,11 +262,14 @@ class ServingCore:
                 feeds = {self._alias(served, sig, a, sig.inputs, "input"): v for a, v in feeds.items()}
                 fetches = [self._alias(served, sig, a, sig.outputs, "output") for a in fetches]
             executor = served.servable
-            await self._prepared(lease, feeds, fetches, targets, graph_name, False)
-            ticket = self.ticket(lease, self._graph_label(served.name, graph_name))
-            values = await self.run_handler.submit(
-                executor.run, feeds, fetches, targets, graph_name, ticket=ticket, inputs=feeds
-            )
+            try:
+                await self._prepared(lease, feeds, fetches, targets, graph_name, False)
+                ticket = self.ticket(lease, self._graph_label(served.name, graph_name))
+                values = await self.run_handler.submit(
+                    executor.run, feeds, fetches, targets, graph_name, ticket=ticket, inputs=feeds
+                )
+            except ServingError as e:  # the client graph's build or the run: say which model it was
+                raise e.within(f"model {served.name!r} version {served.version}") from e
             key = client_graph_key(feeds, fetches, targets)
         finally:
             lease.end()

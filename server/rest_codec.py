@@ -128,7 +128,10 @@ def type_name(value: Any) -> str:
 
 
 def show(value: Any, limit: int = 80) -> str:
-    """A parsed value as JSON text for an error message, cut at ``limit`` characters."""
+    """A parsed value as JSON text for an error message, cut at ``limit`` characters; a float that is not finite
+    as the request spelled it (NaN, Infinity, -Infinity; orjson would write null)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
     try:
         text = orjson.dumps(value).decode()
     except TypeError:

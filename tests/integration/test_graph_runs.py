@@ -172,7 +172,7 @@ def test_errors_name_what_was_wrong(tf1):
                  run, tf1.channel, "hp", {"x:1": X}, ["y:0"])  # fmt: skip
     expect_error(grpc.StatusCode.INVALID_ARGUMENT, ["'yy:0'", "did you mean", "'y:0'"],
                  run, tf1.channel, "hp", {"x:0": X}, ["yy:0"])  # fmt: skip
-    expect_error(grpc.StatusCode.INVALID_ARGUMENT, ["'incr_op'", "no such operation"],
+    expect_error(grpc.StatusCode.INVALID_ARGUMENT, ["model 'hp' version 123: ", "'incr_op'", "no such operation"],
                  run, tf1.channel, "hp", {"x:0": X}, [], ["incr_op"])  # fmt: skip
     expect_error(grpc.StatusCode.INVALID_ARGUMENT, ["nothing to run"], run, tf1.channel, "hp", {"x:0": X}, [])
     expect_error(grpc.StatusCode.INVALID_ARGUMENT, ["'x:0'", "float32", "float64"],

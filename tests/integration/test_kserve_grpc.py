@@ -62,10 +62,21 @@ def export_strings(path):
     tf.saved_model.save(module, str(path / "1"), signatures={"serving_default": module.serve})
 
 
+def export_add(path):
+    class Add(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.float32, name=n) for n in ("a", "b")])
+        def serve(self, a, b):
+            return {"sum": a + b}
+
+    module = Add()
+    tf.saved_model.save(module, str(path / "1"), signatures={"serving_default": module.serve})
+
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory, mlp_model):
     base = tmp_path_factory.mktemp("kserve_models")
     export_echo(base / "echo", TYPED)
+    export_add(base / "add")
     export_echo(base / "halves", HALVES)
     export_strings(base / "strings")
     return {
@@ -75,6 +86,7 @@ def models(tmp_path_factory, mlp_model):
         "echo": base / "echo",
         "halves": base / "halves",
         "strings": base / "strings",
+        "add": base / "add",
     }
 
 
@@ -318,6 +330,19 @@ def test_bad_request_is_answered_with_what_was_wrong(stub, client, case):
     assert error.code() == getattr(grpc.StatusCode, code), error.details()
     assert message in error.details()
     assert client.infer("tf1", [infer_input("x", np.array([[2.0]], np.float32))]).as_numpy("y")[0, 0] == 3.0
+
+
+def test_tensorflow_s_own_run_error_names_the_model_version_and_signature(stub, client):
+    # Both inputs fit the signature ([-1,3]), but their batches differ: TensorFlow's Add refuses them.
+    inputs = [infer_input("a", np.ones((2, 3), np.float32)), infer_input("b", np.ones((3, 3), np.float32))]
+    with pytest.raises(InferenceServerException) as info:
+        client.infer("add", inputs)
+    assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
+    message = info.value.message()
+    assert message.startswith("model 'add' version 1 signature 'serving_default': running ")
+    assert "Incompatible shapes" in message
+    inputs = [infer_input("a", np.ones((2, 3), np.float32)), infer_input("b", np.ones((2, 3), np.float32))]
+    assert client.infer("add", inputs).as_numpy("sum").tolist() == [[2.0] * 3] * 2
 
 
 def test_malformed_bytes_input(stub):

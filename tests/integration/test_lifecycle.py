@@ -116,7 +116,7 @@ def test_version_labels_in_predict_metadata_and_status(policies):
     assert status(policies.channel, "labelled", version=123) == {123: (AVAILABLE, 0, "")}
     with pytest.raises(grpc.RpcError) as info:
         predict(policies.channel, "labelled", [[1.0]], label="beta")
-    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # as TensorFlow Serving's unrecognized label
     assert "'beta'" in info.value.details() and "stable=123" in info.value.details()
 
 

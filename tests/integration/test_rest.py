@@ -220,7 +220,7 @@ BAD = [
     (PREDICT, b'{"signature_name": "nope", "instances": [[1.0]]}', {}, 400, ["no signature 'nope'", "serving_default"]),
     ("/v1/models/nope:predict", b'{"instances": [[1.0]]}', {}, 404, ["model 'nope' is not served", "tf1"]),
     ("/v1/models/tf1/versions/7:predict", b'{"instances": [[1.0]]}', {}, 404, ["no version 7", "123"]),
-    ("/v1/models/two/labels/beta:predict", b'{"instances": [[1.0]]}', {}, 404, ["no version label 'beta'", "canary"]),
+    ("/v1/models/two/labels/beta:predict", b'{"instances": [[1.0]]}', {}, 400, ["no version label 'beta'", "canary"]),
     ("/v1/models/strings:predict", b'{"instances": [{"b64": "a$b"}]}', {}, 400, ["not valid base64", "instances[0]"]),
     ("/v1/models/strings:predict", b'{"instances": [5]}', {}, 400, ["instances[0] is 5", "string or"]),
     (PREDICT, b'{"instances": [[1.0]]}', {"x-servex-priority": "high"}, 400, ["x-servex-priority", "integer"]),

@@ -6,7 +6,7 @@ import pytest
 
 from loader import ModelManager, NotFound
 from loader.config import VersionPolicy
-from loader.errors import Unavailable
+from loader.errors import InvalidArgument, Unavailable
 from loader.manager import AVAILABLE, END
 from tests.loader.manager_fakes import (
     Recorder,
@@ -35,21 +35,22 @@ def test_labels_pick_versions(manager, tmp_path, policy):
 
 
 def test_unknown_label_names_the_labels(manager, tmp_path):
+    # INVALID_ARGUMENT, as TensorFlow Serving's "Unrecognized servable version label"
     base = model_dir(tmp_path / "m", 1, 2)
     manager.apply_config([spec("m", base, VersionPolicy("all"), {"stable": 1, "canary": 2})])
-    with pytest.raises(NotFound) as info:
+    with pytest.raises(InvalidArgument) as info:
         manager.get("m", label="beta")
     assert "'beta'" in info.value.message
     assert "stable=1" in info.value.message and "canary=2" in info.value.message
-    with pytest.raises(NotFound, match="'beta'"):
+    with pytest.raises(InvalidArgument, match="'beta'"):
         manager.acquire("m", label="beta")
-    with pytest.raises(NotFound, match="'beta'"):
+    with pytest.raises(InvalidArgument, match="'beta'"):
         manager.statuses("m", label="beta")
 
 
 def test_model_without_labels_says_so(manager, tmp_path):
     manager.apply_config([spec("m", model_dir(tmp_path / "m", 1))])
-    with pytest.raises(NotFound, match="labels: none"):
+    with pytest.raises(InvalidArgument, match="labels: none"):
         manager.get("m", label="stable")
 
 

@@ -45,6 +45,9 @@ def test_wrong_types_name_the_position_and_what_was_expected():
     assert "inputs[0] is true (boolean), expected a number" in refused([True])
     assert "inputs[1] is 1 (number), expected true or false" in refused([True, 1], np.bool_)
     assert "inputs[1] is null" in refused([1.0, None])
+    # a float that is not finite is shown as the request spelled it, not as null
+    assert "inputs[2] is NaN (number), expected an integer" in refused([1, 2, float("nan")], np.int32)
+    assert "inputs[0] is -Infinity (number), expected an integer" in refused([float("-inf")], np.int32)
     assert "inputs[0] is {" in refused([{"b64": "AA=="}])
 
 
