@@ -91,7 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--rest_api_timeout_in_ms",
         type=int,
         default=d.rest_api_timeout_in_ms,
-        help="a REST call whose run has not started this long after it arrived is answered 504 (0: no deadline)",
+        help="a REST call not answered this long after it arrived is answered 504 (0: no deadline); a run that had "
+        "started finishes on its worker, its answer dropped",
     )
     p.add_argument(
         "--metrics_port", type=int, default=d.metrics_port, help="port of the Prometheus /metrics endpoint, 0 disables"

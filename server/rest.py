@@ -31,6 +31,7 @@ import orjson
 from aiohttp import http_exceptions, web
 from aiohttp.web import ContentCoding
 
+from executor.run_handler import DeadlineExceeded
 from loader.errors import InvalidArgument, ServingError
 from server import tensors
 from server.core import REQUEST, RequestInfo, ServingCore, priority_from_text
@@ -200,7 +201,22 @@ class Rest:
             try:
                 info = self.request_info(request)
                 REQUEST.set(info)
-                return compressed(request, await handler(request, call, info))
+                if info.deadline is None:
+                    return compressed(request, await handler(request, call, info))
+                # The whole call is bounded, as TensorFlow Serving bounds its run with RunOptions.timeout_in_ms: a
+                # run that started goes on on its worker (TensorFlow's runs cannot be stopped from Python), and its
+                # answer is dropped.
+                async with asyncio.timeout_at(info.deadline) as guard:  # the loop's clock is time.monotonic
+                    try:
+                        answer = await handler(request, call, info)
+                    except asyncio.CancelledError:
+                        if guard.expired():
+                            raise DeadlineExceeded(
+                                f"no answer within --rest_api_timeout_in_ms ({self.timeout_s * 1000:.0f} ms); a "
+                                f"run that had started finishes on its worker and its answer is dropped"
+                            ) from None
+                        raise
+                return compressed(request, answer)
             except ServingError as e:
                 code = e.code
                 return error_response(e)

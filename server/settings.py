@@ -24,8 +24,8 @@ class ServerSettings:
     port: int = 8500
     # REST port (TensorFlow Serving's REST API under /v1, KServe v2 under /v2); 0 disables it.
     rest_api_port: int = 8501
-    # A REST call whose run has not started this long after it arrived is answered 504 (TensorFlow Serving's
-    # flag); 0: no deadline.
+    # A REST call not answered this long after it arrived is answered 504 (TensorFlow Serving's flag; a run that
+    # had started finishes on its worker, its answer dropped); 0: no deadline.
     rest_api_timeout_in_ms: int = 30000
     # Prometheus text exposition at /metrics on this port; 0 disables it.
     metrics_port: int = 8502

@@ -220,3 +220,21 @@ def test_v2_metadata_of_a_model_without_serving_default(daemon):
         "inputs": [],
         "outputs": [],
     }
+
+
+def test_rest_api_timeout_bounds_the_whole_call_as_in_tensorflow_serving(tmp_path, slow_model):
+    # A run of about 3 s against a 300 ms timeout: the run starts at once (nothing queued) and the call is
+    # answered 504 at the timeout, as TensorFlow Serving's RunOptions timeout answers; the run finishes on its
+    # worker. Another worker serves the next call meanwhile.
+    args = [f"--model_base_path={slow_model}", "--model_name=slow", "--num_run_workers=2",
+            "--rest_api_timeout_in_ms=300"]  # fmt: skip
+    daemon = Daemon(args, tmp_path, rest=True).wait_serving()
+    try:
+        status, answer = call(daemon, "/v1/models/slow:predict", {"inputs": {"iterations": 1_200_000}})
+        assert status == 504, answer
+        assert "no answer within --rest_api_timeout_in_ms (300 ms)" in answer["error"]
+        status, answer = call(daemon, "/v1/models/slow:predict", {"inputs": {"iterations": 3}})
+        assert (status, answer) == (200, {"outputs": 3})
+        assert metric(daemon, "servex_requests_total", method="rest:predict", code="DEADLINE_EXCEEDED") == 1
+    finally:
+        assert daemon.stop() == 0, daemon.log()
