@@ -4,6 +4,7 @@ asked for a run, added to its model version's statistics)."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import time
@@ -13,6 +14,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
+from executor.run_handler import DeadlineExceeded
 from loader.errors import InvalidArgument, ResourceExhausted, ServingError
 from server import metrics
 from server.core import REQUEST, RequestInfo, priority_from_text
@@ -132,6 +134,9 @@ def rpc(method):
             info = request_info(context)
             REQUEST.set(info)
             answer = await method(self, request, context)
+            if info.deadline is not None and time.monotonic() > info.deadline:
+                # gRPC has told the client DEADLINE_EXCEEDED already; count the call so, not OK.
+                raise DeadlineExceeded(f"the call's deadline passed before {name} had its answer")
             limit = getattr(self, "max_tensor_bytes", None)
             if limit is not None and (info.answer_bytes is None or info.answer_bytes > limit):
                 check_answer_size(answer, limit, name)
@@ -139,6 +144,10 @@ def rpc(method):
         except ServingError as e:
             code = e.code
             status, message = getattr(grpc.StatusCode, e.code), e.message
+        except asyncio.CancelledError:  # gRPC ended the call: its deadline passed, or the client cancelled it
+            expired = info.deadline is not None and time.monotonic() >= info.deadline
+            code = "DEADLINE_EXCEEDED" if expired else "CANCELLED"
+            raise
         except Exception as e:
             code = "INTERNAL"
             log.exception("%s failed", name)

@@ -167,3 +167,19 @@ def test_queued_input_bytes_over_the_bound_answer_resource_exhausted(start_daemo
     for t in (holder, queued):
         t.join(60)
     assert predict(daemon.channel, "slow", "iterations", np.array(3, np.int64)) == 3
+
+
+def test_a_call_whose_deadline_passes_while_it_runs_is_counted_deadline_exceeded(one_worker):
+    # gRPC answers the client DEADLINE_EXCEEDED at the deadline, while the run goes on; servex counts the call so
+    # (it used to count it OK once the run ended).
+    daemon = one_worker
+    before = {code: metric(daemon, "servex_requests_total", model="slow", code=code)
+              for code in ("OK", "DEADLINE_EXCEEDED")}  # fmt: skip
+    with pytest.raises(grpc.RpcError) as info:
+        predict(daemon.channel, "slow", "iterations", np.array(600_000, np.int64), timeout=0.5)
+    assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert predict(daemon.channel, "slow", "iterations", np.array(3, np.int64)) == 3  # after the long run
+    assert metric(daemon, "servex_requests_total", model="slow", code="DEADLINE_EXCEEDED") == (
+        before["DEADLINE_EXCEEDED"] + 1
+    )
+    assert metric(daemon, "servex_requests_total", model="slow", code="OK") == before["OK"] + 1  # the short call
