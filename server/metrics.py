@@ -106,9 +106,76 @@ def recorder(method: str, model: str, version: str, signature: str, priority: in
     return found
 
 
-def exposition() -> tuple[bytes, str]:
+# servex's methods that TensorFlow Serving counts and times, as its (API, entrypoint) labels.
+TF_SERVING_APIS = {
+    "Predict": ("Predict", "GRPC"),
+    "Classify": ("Classify", "GRPC"),
+    "Regress": ("Regress", "GRPC"),
+    "rest:predict": ("Predict", "REST"),
+    "rest:classify": ("Classify", "REST"),
+    "rest:regress": ("Regress", "REST"),
+}
+
+
+class TFServingNames:
+    """TensorFlow Serving's request metrics under its own names, made at scrape time from servex's (``source``, a
+    registry), so that dashboards and alerts written for TensorFlow Serving's monitoring endpoint keep working:
+
+    - ``:tensorflow:serving:request_count{model_name, status}``: ``servex_requests_total`` of the Predict,
+      Classify and Regress calls (gRPC and REST), by model and status code. Exposed untyped: prometheus_client
+      names a counter's samples ``..._total``, and TensorFlow Serving's have no suffix; PromQL treats both alike;
+    - ``:tensorflow:serving:request_latency{model_name, API, entrypoint}``: a histogram in microseconds, from
+      ``servex_request_latency_seconds`` of the same calls (servex's buckets, scaled; errors included, where
+      TensorFlow Serving times successes only).
+
+    Nothing is added on the request path: the figures are servex's own, renamed."""
+
+    def __init__(self, source):
+        self.source = source
+
+    def collect(self):
+        from prometheus_client.core import HistogramMetricFamily, Metric
+
+        counts: dict[tuple[str, str], float] = {}
+        buckets: dict[tuple[str, str, str], dict[str, float]] = {}
+        sums: dict[tuple[str, str, str], float] = {}
+        for family in self.source.collect():
+            if family.name == "servex_requests":
+                for sample in family.samples:
+                    if sample.name == "servex_requests_total" and sample.labels["method"] in TF_SERVING_APIS:
+                        key = (sample.labels["model"], sample.labels["code"])
+                        counts[key] = counts.get(key, 0.0) + sample.value
+            elif family.name == "servex_request_latency_seconds":
+                for sample in family.samples:
+                    api = TF_SERVING_APIS.get(sample.labels.get("method", ""))
+                    if api is None:
+                        continue
+                    key = (sample.labels["model"], *api)
+                    if sample.name.endswith("_bucket"):
+                        cumulative = buckets.setdefault(key, {})
+                        cumulative[sample.labels["le"]] = cumulative.get(sample.labels["le"], 0.0) + sample.value
+                    elif sample.name.endswith("_sum"):
+                        sums[key] = sums.get(key, 0.0) + sample.value
+        count = Metric(":tensorflow:serving:request_count", "The total number of requests.", "unknown")
+        for (model, status), value in sorted(counts.items()):
+            count.add_sample(":tensorflow:serving:request_count", {"model_name": model, "status": status}, value)
+        yield count
+        latency = HistogramMetricFamily(
+            ":tensorflow:serving:request_latency",
+            "Distribution of wall time (in microseconds) for Tensorflow Serving request.",
+            labels=["model_name", "API", "entrypoint"],
+        )
+        for key, cumulative in sorted(buckets.items()):
+            ordered = sorted(cumulative.items(), key=lambda item: float(item[0]))  # "+Inf" sorts last
+            scaled = [(le if le == "+Inf" else repr(round(float(le) * 1e6, 3)), value) for le, value in ordered]
+            latency.add_metric(list(key), buckets=scaled, sum_value=sums.get(key, 0.0) * 1e6)
+        yield latency
+
+
+def exposition(tf_serving_names: bool = False) -> tuple[bytes, str]:
     """The Prometheus text exposition of every metric and its content type: this process's, or in a group of
-    serving processes (prometheus_client's multiprocess mode) all of theirs."""
+    serving processes (prometheus_client's multiprocess mode) all of theirs; with ``tf_serving_names``,
+    TensorFlow Serving's request metrics as well (``TFServingNames``)."""
     registry = prometheus_client.REGISTRY
     metrics_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if metrics_dir:
@@ -116,7 +183,21 @@ def exposition() -> tuple[bytes, str]:
 
         registry = prometheus_client.CollectorRegistry()
         MultiProcessCollector(registry, path=metrics_dir)
+    if tf_serving_names:
+        source, registry = registry, prometheus_client.CollectorRegistry()
+        registry.register(_Everything(source))
+        registry.register(TFServingNames(source))
     return prometheus_client.generate_latest(registry), prometheus_client.CONTENT_TYPE_LATEST
+
+
+class _Everything:
+    """A registry's metrics, as a collector of another registry."""
+
+    def __init__(self, source):
+        self.source = source
+
+    def collect(self):
+        return self.source.collect()
 
 
 def start_metrics_server(port: int, address: str):

@@ -377,10 +377,11 @@ class RestServer:
 
 
 async def _prometheus(request: web.Request) -> web.Response:
-    """The metrics, as on --metrics_port (generated off the event loop: a scrape walks every series)."""
+    """The metrics, as on --metrics_port, and TensorFlow Serving's request metrics under its names (generated
+    off the event loop: a scrape walks every series)."""
     from server.metrics import exposition
 
-    body, content_type = await asyncio.get_running_loop().run_in_executor(None, exposition)
+    body, content_type = await asyncio.get_running_loop().run_in_executor(None, exposition, True)
     return web.Response(body=body, headers={"Content-Type": content_type})
 
 

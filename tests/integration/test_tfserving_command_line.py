@@ -50,6 +50,14 @@ def test_a_tensorflow_model_server_command_line_serves(start_daemon, tmp_path):
         assert reply.status == 200 and reply.headers["Content-Type"].startswith("text/plain")
         text = reply.read().decode()
     assert 'servex_requests_total{code="OK",method="Predict",model="half"' in text
+    # and TensorFlow Serving's own request metrics, under its names, for its dashboards and alerts
+    assert ':tensorflow:serving:request_count{model_name="half",status="OK"} 1.0' in text
+    buckets = [line for line in text.splitlines() if line.startswith(":tensorflow:serving:request_latency_bucket")]
+    assert buckets and all('API="Predict",entrypoint="GRPC"' in line for line in buckets)
+    assert buckets[-1].startswith(
+        ':tensorflow:serving:request_latency_bucket{API="Predict",entrypoint="GRPC",le="+Inf"'
+    )
+    assert buckets[-1].endswith(" 1.0") and 'le="50.0"' in buckets[0]  # servex's 50 µs bucket, in microseconds
     log = daemon.log()
     assert "--rest_api_num_threads=8 has no effect in servex" in log
     assert "--flush_filesystem_caches=true has no effect in servex" in log
