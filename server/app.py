@@ -441,6 +441,7 @@ class _Ports:
                 settings.drain_seconds,
                 reuse_port=settings.process_group_size > 1,
                 prometheus_path=settings.prometheus_rest_path,
+                cors=settings.rest_api_enable_cors_support,
             )
             try:
                 await self.rest.start()

@@ -40,7 +40,6 @@ def _add_bool(p: argparse.ArgumentParser, *flags: str, default: bool, help: str)
 # change nothing here; each one given is logged at start with the reason.
 NO_EFFECT_FLAGS = {
     "rest_api_num_threads": "REST is served by the event loop; runs go to the run workers (--num_run_workers)",
-    "rest_api_enable_cors_support": "servex sends no CORS headers",
     "allow_version_labels_for_unavailable_models": "servex always accepts a label on a version that is not "
     "available, and says so",
     "num_load_threads": "versions load one at a time, off the request path",
@@ -93,6 +92,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=d.rest_api_timeout_in_ms,
         help="a REST call not answered this long after it arrived is answered 504 (0: no deadline); a run that had "
         "started finishes on its worker, its answer dropped",
+    )
+    _add_bool(
+        p,
+        "--rest_api_enable_cors_support",
+        default=d.rest_api_enable_cors_support,
+        help="REST answers carry Access-Control-Allow-Origin: *, and CORS preflight (OPTIONS) requests are answered, "
+        "so that browser pages of other origins can call the REST API (TensorFlow Serving's flag)",
     )
     p.add_argument(
         "--metrics_port", type=int, default=d.metrics_port, help="port of the Prometheus /metrics endpoint, 0 disables"
@@ -518,6 +524,7 @@ def parse_settings(argv: list[str] | None = None) -> Parsed:
         port=args.port,
         rest_api_port=args.rest_api_port,
         rest_api_timeout_in_ms=args.rest_api_timeout_in_ms,
+        rest_api_enable_cors_support=args.rest_api_enable_cors_support,
         metrics_port=args.metrics_port,
         bind_address=args.bind_address,
         model_name=name,

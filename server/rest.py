@@ -330,16 +330,21 @@ class RestServer:
         drain_s: float,
         reuse_port: bool = False,
         prometheus_path: str = "",
+        cors: bool = False,
     ):
         from server import rest_tfserving, rest_v2
 
         self.rest = Rest(core, max_body_bytes, timeout_s)
         self.address, self.port = address, port
         app = web.Application(client_max_size=max_body_bytes)
-        rest_v2.add_routes(app, self.rest)
-        rest_tfserving.add_routes(app, self.rest)
+        # First, so that no API route (/v1's take every method) answers these paths or methods instead.
         if prometheus_path:  # TensorFlow Serving's --monitoring_config_file
             app.router.add_get(prometheus_path, _prometheus)
+        if cors:  # TensorFlow Serving's --rest_api_enable_cors_support
+            app.router.add_route("OPTIONS", "/{tail:.*}", _preflight)
+            app.on_response_prepare.append(_allow_any_origin)
+        rest_v2.add_routes(app, self.rest)
+        rest_tfserving.add_routes(app, self.rest)
         app.router.add_route("*", "/{tail:.*}", self.rest.endpoint("rest:unknown", _unknown_path))
         self.app = app
         self.drain_s = drain_s
@@ -374,6 +379,20 @@ class RestServer:
         if self.runner is not None:
             await self.runner.cleanup()
             self.runner = None
+
+
+CORS_METHODS = "GET, POST, OPTIONS"
+
+
+async def _preflight(request: web.Request) -> web.Response:
+    """A CORS preflight: any origin may call with the methods and headers it asks for."""
+    asked = request.headers.get("Access-Control-Request-Headers", "Content-Type")
+    headers = {"Access-Control-Allow-Methods": CORS_METHODS, "Access-Control-Allow-Headers": asked}
+    return web.Response(status=204, headers=headers)
+
+
+async def _allow_any_origin(request: web.Request, response: web.StreamResponse) -> None:
+    response.headers["Access-Control-Allow-Origin"] = "*"
 
 
 async def _prometheus(request: web.Request) -> web.Response:

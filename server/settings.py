@@ -27,6 +27,9 @@ class ServerSettings:
     # A REST call not answered this long after it arrived is answered 504 (TensorFlow Serving's flag; a run that
     # had started finishes on its worker, its answer dropped); 0: no deadline.
     rest_api_timeout_in_ms: int = 30000
+    # REST answers carry Access-Control-Allow-Origin: * and CORS preflight requests (OPTIONS) are answered, for
+    # browser pages of other origins (TensorFlow Serving's --rest_api_enable_cors_support).
+    rest_api_enable_cors_support: bool = False
     # Prometheus text exposition at /metrics on this port; 0 disables it.
     metrics_port: int = 8502
     # Address every port binds to.

@@ -4,6 +4,7 @@ and those that change nothing here are logged with the reason."""
 
 from __future__ import annotations
 
+import urllib.error
 import urllib.request
 
 import grpc
@@ -79,3 +80,39 @@ def test_saved_model_tags_pick_the_meta_graph(start_daemon, tmp_path):
     # With TensorFlow Serving's default tag ("serve") the model does not load, and the error names the tags.
     out = run_to_exit(["--model_name=tagged", f"--model_base_path={base}"])
     assert out.returncode == 1 and "with tags ['serve']" in out.stderr
+
+
+def test_rest_api_enable_cors_support_lets_browser_pages_of_other_origins_call(start_daemon):
+    daemon = start_daemon(
+        "--model_name=half", f"--model_base_path={HALF_PLUS_TWO_TF1}", "--rest_api_enable_cors_support", rest=True
+    )
+    url = f"{daemon.rest_url}/v1/models/half:predict"
+    preflight = urllib.request.Request(
+        url,
+        method="OPTIONS",
+        headers={
+            "Origin": "https://app.example",
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "content-type, x-servex-priority",
+        },
+    )
+    with urllib.request.urlopen(preflight, timeout=10) as reply:
+        assert reply.status == 204
+        assert reply.headers["Access-Control-Allow-Origin"] == "*"
+        assert "POST" in reply.headers["Access-Control-Allow-Methods"]
+        assert reply.headers["Access-Control-Allow-Headers"] == "content-type, x-servex-priority"
+    call = urllib.request.Request(url, data=b'{"instances": [[1.0]]}', headers={"Origin": "https://app.example"})
+    with urllib.request.urlopen(call, timeout=10) as reply:
+        assert reply.status == 200 and reply.headers["Access-Control-Allow-Origin"] == "*"
+        assert reply.read() == b'{"predictions":[[2.5]]}'
+    bad = urllib.request.Request(f"{daemon.rest_url}/v1/models/nope:predict", data=b'{"instances": [1.0]}')
+    with pytest.raises(urllib.error.HTTPError) as info:  # errors carry it too, so the page can read them
+        urllib.request.urlopen(bad, timeout=10)
+    assert info.value.code == 404 and info.value.headers["Access-Control-Allow-Origin"] == "*"
+
+
+def test_without_cors_support_no_cors_headers_are_sent(start_daemon):
+    daemon = start_daemon("--model_name=half", f"--model_base_path={HALF_PLUS_TWO_TF1}", rest=True)
+    call = urllib.request.Request(f"{daemon.rest_url}/v1/models/half:predict", data=b'{"instances": [[1.0]]}')
+    with urllib.request.urlopen(call, timeout=10) as reply:
+        assert reply.status == 200 and "Access-Control-Allow-Origin" not in reply.headers

@@ -13,7 +13,6 @@ from server.settings import ServerSettings
 # not implement itself, with the values such lines carry.
 TFS_ONLY = [
     "--rest_api_num_threads=8",
-    "--rest_api_enable_cors_support=true",
     "--allow_version_labels_for_unavailable_models",
     "--num_load_threads=4",
     "--num_unload_threads=2",
