@@ -9,16 +9,10 @@ import argparse
 import logging
 import os
 import sys
-from importlib import metadata
-from pathlib import Path
 from typing import NamedTuple
 
-from google.protobuf import text_format
-
-from server import affinity
+from server import affinity, tfserving_flags
 from server.settings import DEMO_MODEL_NAME, ServerSettings
-
-DEFAULT_PROMETHEUS_PATH = "/monitoring/prometheus/metrics"  # TensorFlow Serving's
 
 
 def _bool(text: str) -> bool:
@@ -34,41 +28,6 @@ def _add_bool(p: argparse.ArgumentParser, *flags: str, default: bool, help: str)
     """A boolean flag as TensorFlow Serving spells them: ``--flag``, ``--flag=true`` or ``--flag=false`` (the
     first spelling names the setting; others are aliases)."""
     p.add_argument(*flags, type=_bool, nargs="?", const=True, default=default, help=help)
-
-
-# TensorFlow Serving's flags that servex takes, so that a tensorflow_model_server command line starts it, but that
-# change nothing here; each one given is logged at start with the reason.
-NO_EFFECT_FLAGS = {
-    "rest_api_num_threads": "REST is served by the event loop; runs go to the run workers (--num_run_workers)",
-    "allow_version_labels_for_unavailable_models": "servex always accepts a label on a version that is not "
-    "available, and says so",
-    "num_load_threads": "versions load one at a time, off the request path",
-    "num_unload_threads": "versions unload off the request path, once their in-flight calls end",
-    "flush_filesystem_caches": "servex does not flush file system caches",
-    "platform_config_file": "servex serves TensorFlow SavedModels only",
-    "grpc_max_threads": "gRPC is served by asyncio listeners (--grpc_listeners)",
-    "grpc_socket_path": "servex serves gRPC on its TCP port only (--port)",
-    "remove_unused_fields_from_bundle_metagraph": "servex keeps no MetaGraphDef once a version is loaded",
-    "prefer_tflite_model": "servex serves no TensorFlow Lite models",
-    "num_tflite_pools": "servex serves no TensorFlow Lite models",
-    "num_tflite_interpreters_per_pool": "servex serves no TensorFlow Lite models",
-    "enable_signature_method_name_check": "servex checks a signature by its inputs and outputs (TensorFlow "
-    "Serving's default)",
-    "xla_cpu_compilation_enabled": "servex leaves XLA as TensorFlow configures it",
-    "xla_gpu_compilation_enabled": "servex leaves XLA as TensorFlow configures it",
-    "enable_profiler": "servex serves no profiler service",
-    "thread_pool_factory_config_file": "runs use the run workers (--num_run_workers) and TensorFlow's pools",
-    "mixed_precision": "servex runs graphs as they were exported",
-    "skip_initialize_tpu": "servex does not use TPUs",
-    "enable_grpc_healthcheck_service": "servex always serves grpc.health.v1.Health",
-}
-# TensorFlow Serving's flags servex refuses: serving plaintext where TLS was asked for would be worse than not
-# starting.
-REFUSED_FLAGS = {
-    "ssl_config_file": "servex serves gRPC without TLS; terminate TLS in front of it (an ingress or a service "
-    "mesh sidecar)",
-    "use_alts_credentials": "servex serves gRPC without ALTS; terminate it in front of servex",
-}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -369,14 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--process_group_size", type=int, default=d.process_group_size, help=argparse.SUPPRESS)
     p.add_argument("--log_level", default="INFO", help="Python logging level")
     p.add_argument("--version", action="store_true", help="print servex's and TensorFlow's versions and exit")
-    tfs = p.add_argument_group(
-        "TensorFlow Serving's flags that change nothing in servex (taken so that its command lines start servex; "
-        "each one given is logged with the reason)"
-    )
-    for flag, why in NO_EFFECT_FLAGS.items():
-        tfs.add_argument(f"--{flag}", nargs="?", const="true", default=None, metavar="VALUE", help=why)
-    for flag, why in REFUSED_FLAGS.items():
-        tfs.add_argument(f"--{flag}", nargs="?", const="true", default=None, metavar="VALUE", help=f"refused: {why}")
+    tfserving_flags.add_other_flags(p)
     return p
 
 
@@ -386,79 +338,13 @@ class Parsed(NamedTuple):
     notes: tuple[str, ...]  # warnings about the command line, logged once logging is set up
 
 
-def _given(value: str | None) -> bool:
-    return value is not None and value.strip().lower() not in ("", "0", "false", "no", "off")
-
-
-def _session_config(path: str, fail) -> object:
-    """The ConfigProto of --tensorflow_session_config_file (TensorFlow is imported only when it is given)."""
-    from tensorflow.core.protobuf import config_pb2
-
-    try:
-        return text_format.Parse(Path(path).read_text(encoding="utf-8"), config_pb2.ConfigProto())
-    except OSError as e:
-        fail(f"--tensorflow_session_config_file: cannot read {path!r}: {e.strerror}")
-    except text_format.ParseError as e:
-        fail(f"--tensorflow_session_config_file: {path!r} is not a TensorFlow ConfigProto in text format: {e}")
-
-
-def _channel_arguments(text: str, fail) -> tuple[tuple[str, int | str], ...]:
-    """--grpc_channel_arguments: ``key=value`` pairs, comma-separated; values that parse as integers are ints."""
-    pairs = []
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            fail(f"--grpc_channel_arguments expects key=value[,key=value...], got {item!r}")
-        value = value.strip()
-        try:
-            pairs.append((key.strip(), int(value)))
-        except ValueError:
-            pairs.append((key.strip(), value))
-    return tuple(pairs)
-
-
-def _prometheus_path(path: str, fail) -> str:
-    """The REST path of --monitoring_config_file's Prometheus metrics; empty when it does not enable them."""
-    from protos.servex.v1 import monitoring_pb2
-
-    try:
-        config = text_format.Parse(Path(path).read_text(encoding="utf-8"), monitoring_pb2.MonitoringConfig())
-    except OSError as e:
-        fail(f"--monitoring_config_file: cannot read {path!r}: {e.strerror}")
-    except text_format.ParseError as e:
-        fail(f"--monitoring_config_file: {path!r} is not a MonitoringConfig in text format: {e}")
-    if not config.prometheus_config.enable:
-        return ""
-    rest_path = config.prometheus_config.path or DEFAULT_PROMETHEUS_PATH
-    if not rest_path.startswith("/"):
-        fail(f"--monitoring_config_file: prometheus_config.path must start with '/', got {rest_path!r}")
-    return rest_path
-
-
-def _versions() -> str:
-    try:
-        servex = metadata.version("servex")
-    except metadata.PackageNotFoundError:
-        servex = "unknown (not installed)"
-    import tensorflow as tf
-
-    return f"servex {servex}\nTensorFlow Library: {tf.__version__}"
-
-
 def parse_settings(argv: list[str] | None = None) -> Parsed:
     args = build_parser().parse_args(argv)
     if args.version:
-        print(_versions())
+        print(tfserving_flags.versions())
         raise SystemExit(0)
     fail = build_parser().error
-    notes = []
-    for flag, why in REFUSED_FLAGS.items():
-        if _given(getattr(args, flag)):
-            fail(f"--{flag}: {why}")
-    for flag, why in NO_EFFECT_FLAGS.items():
-        value = getattr(args, flag)
-        if value is not None:
-            notes.append(f"--{flag}={value} has no effect in servex: {why}")
+    notes = tfserving_flags.check_other_flags(args, fail)
     prefetch = {}
     for item in args.prefetch_variables:
         model, sep, names = item.partition("=")
@@ -494,7 +380,7 @@ def parse_settings(argv: list[str] | None = None) -> Parsed:
         args.model_name = args.model_base_path = None
     if args.model_name is not None and args.model_base_path is None:
         build_parser().error("--model_name needs --model_base_path")
-    session_config = _session_config(args.tensorflow_session_config_file, fail) if (
+    session_config = tfserving_flags.session_config(args.tensorflow_session_config_file, fail) if (
         args.tensorflow_session_config_file) else None  # fmt: skip
     d = ServerSettings()
     # A pool's own flag, else --tensorflow_session_parallelism, else the session config file, else servex's default.
@@ -512,7 +398,9 @@ def parse_settings(argv: list[str] | None = None) -> Parsed:
     tags = tuple(t.strip() for t in args.saved_model_tags.split(",") if t.strip())
     if not tags:
         fail(f"--saved_model_tags names no tag: {args.saved_model_tags!r}")
-    prometheus_path = _prometheus_path(args.monitoring_config_file, fail) if args.monitoring_config_file else ""
+    prometheus_path = (
+        tfserving_flags.prometheus_path(args.monitoring_config_file, fail) if args.monitoring_config_file else ""
+    )
     if prometheus_path and not args.rest_api_port:
         notes.append(f"--monitoring_config_file's path {prometheus_path} is not served: the REST port is off "
                      f"(--rest_api_port=0); the metrics stay on --metrics_port")  # fmt: skip
@@ -558,7 +446,7 @@ def parse_settings(argv: list[str] | None = None) -> Parsed:
         tensorflow_session_config=session_config.SerializeToString() if session_config is not None else b"",
         per_process_gpu_memory_fraction=gpu_fraction,
         saved_model_tags=tags,
-        grpc_channel_arguments=_channel_arguments(args.grpc_channel_arguments, fail),
+        grpc_channel_arguments=tfserving_flags.channel_arguments(args.grpc_channel_arguments, fail),
         prometheus_rest_path=prometheus_path if args.rest_api_port else "",
         run_in_caller_thread=args.run_in_caller_thread,
         device=args.device,

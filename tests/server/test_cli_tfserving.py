@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from server.cli import DEFAULT_PROMETHEUS_PATH, NO_EFFECT_FLAGS, REFUSED_FLAGS, parse_settings
+from server.cli import parse_settings
 from server.settings import ServerSettings
+from server.tfserving_flags import DEFAULT_PROMETHEUS_PATH, NO_EFFECT_FLAGS, REFUSED_FLAGS
 
 # A tensorflow_model_server command line using every flag of TensorFlow Serving's main.cc (2.x) that servex does
 # not implement itself, with the values such lines carry.
