@@ -6,8 +6,6 @@ Keeping them here (the bottom layer) lets `loader/` and `executor/` raise them w
 
 from __future__ import annotations
 
-import copy
-
 
 class ServingError(Exception):
     """An error a caller can act on: ``code`` says which kind, ``message`` says what and what was expected."""
@@ -21,7 +19,8 @@ class ServingError(Exception):
     def within(self, where: str) -> ServingError:
         """A copy of this error (same class and code) whose message starts with ``where``; a copy, since one
         error may reach several callers (a batched run's)."""
-        error = copy.copy(self)
+        error = self.__class__.__new__(self.__class__)  # not __init__: a subclass's may take other arguments
+        error.__dict__.update(self.__dict__)
         error.message = f"{where}: {self.message}"
         error.args = (error.message,)
         return error

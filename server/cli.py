@@ -219,8 +219,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--max_message_bytes",
         type=int,
         default=d.max_message_bytes,
-        help="largest gRPC message received or sent, largest request once its input tensors are decoded (together), "
-        "and largest REST body (also once decompressed), in bytes",
+        help="largest gRPC message received or sent, largest decoded input tensor (and total of a request's broadcast "
+        "inputs, or of its inputs read from shared memory), and largest REST body (also once decompressed), in bytes",
     )
     p.add_argument(
         "--num_run_workers",

@@ -27,7 +27,7 @@ from protos.inference import grpc_service_pb2 as pb
 from protos.inference import grpc_service_pb2_grpc as pb_grpc
 from server import tensors, v2_config, v2_stats, v2_types
 from server.core import DEFAULT_SIGNATURE, REQUEST, RequestInfo, ServingCore, checked_priority
-from server.rpc import Malformed, check_answer_size, model_name, record, request_info, rpc
+from server.rpc import Malformed, check_answer_size, ended_code, model_name, record, request_info, rpc
 from server.shared_memory import NO_CUDA_MEMORY
 from server.v2_config import PLATFORM
 
@@ -183,6 +183,9 @@ class KServeService(pb_grpc.GRPCInferenceServiceServicer):
             except ServingError as e:
                 code = e.code
                 answer = pb.ModelStreamInferResponse(error_message=f"{e.code}: {e.message}")
+            except asyncio.CancelledError:  # gRPC ended the stream: its deadline passed, or the client cancelled
+                code = ended_code(info)
+                raise
             except Exception as e:  # one bad request must not end the stream
                 code = "INTERNAL"
                 log.exception("ModelStreamInfer failed")

@@ -400,7 +400,7 @@ async def _prometheus(request: web.Request) -> web.Response:
     off the event loop: a scrape walks every series)."""
     from server.metrics import exposition
 
-    body, content_type = await asyncio.get_running_loop().run_in_executor(None, exposition, True)
+    body, content_type = await asyncio.get_running_loop().run_in_executor(tensors.REQUEST_WORK, exposition, True)
     return web.Response(body=body, headers={"Content-Type": content_type})
 
 

@@ -145,8 +145,7 @@ def rpc(method):
             code = e.code
             status, message = getattr(grpc.StatusCode, e.code), e.message
         except asyncio.CancelledError:  # gRPC ended the call: its deadline passed, or the client cancelled it
-            expired = info.deadline is not None and time.monotonic() >= info.deadline
-            code = "DEADLINE_EXCEEDED" if expired else "CANCELLED"
+            code = ended_code(info)
             raise
         except Exception as e:
             code = "INTERNAL"
@@ -158,6 +157,12 @@ def rpc(method):
 
     wrapper.parses_malformed = True
     return wrapper
+
+
+def ended_code(info: RequestInfo) -> str:
+    """The status of a call gRPC ended (its task cancelled): DEADLINE_EXCEEDED once its deadline has passed, else
+    CANCELLED (the client cancelled it or went away)."""
+    return "DEADLINE_EXCEEDED" if info.deadline is not None and time.monotonic() >= info.deadline else "CANCELLED"
 
 
 MAX_MESSAGE_CHARS = 4096

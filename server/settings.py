@@ -91,9 +91,9 @@ class ServerSettings:
     # that caller's p99 1.8-1.9x idle instead of 2.6-3.0x (7-8x with batching); the flood meanwhile 2,300-2,600
     # req/s instead of 3,000-3,150 (6,900-7,700 with batching).
     lower_priority_burst: int = 1
-    # Largest gRPC message accepted or sent, largest request once its input tensors are decoded (together: typed
-    # values broadcast over a shape, shared memory), and largest REST request body (on the wire and decompressed),
-    # in bytes.
+    # Largest gRPC message accepted or sent, largest decoded input tensor (and total of a request's broadcast inputs,
+    # or of its inputs read from shared memory), and largest REST request body (on the wire and decompressed), in
+    # bytes.
     max_message_bytes: int = 256 * 1024 * 1024
     # Worker threads that run TensorFlow (RunHandler); default: one per CPU core but one, which is left to the
     # event loop and gRPC (at least 1). Measured on 2 cores with the MLP against one per core: priority isolation

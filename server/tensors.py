@@ -78,27 +78,34 @@ async def off_loop(elements: int, fn, *args, threshold: int = OFF_LOOP_ELEMENTS)
 
 async def decode_all(protos, limit: int | None = None, check=None) -> dict[str, np.ndarray]:
     """Request tensors by name (a map of TensorProtos), decoded with ``to_ndarray``; on the requests' pool when
-    they take many elements to fill.
+    they take many elements to fill: many typed values, or a few broadcast over a large shape.
 
-    ``limit`` bounds the decoded tensors *together* (RESOURCE_EXHAUSTED beyond it): a few typed values broadcast
-    over a huge shape make a small message decode large, and a request can carry many such inputs. ``check``
-    (say, resolving the model) is called before a large decode, so that a request for a model that is not served
-    is answered before anything is copied.
+    ``limit`` bounds each decoded tensor, and the broadcast ones *together* (RESOURCE_EXHAUSTED beyond it): a few
+    typed values broadcast over a huge shape make a small message decode large, and a request can carry many such
+    inputs. ``check`` (say, resolving the model) is called before a large decode, so that a request for a model
+    that is not served is answered before anything is copied.
     """
-    elements = sum(decode_elements(proto) for proto in protos.values())
-    if elements < OFF_LOOP_ELEMENTS:  # the hot path: tensor_content, or a few typed values
-        return _decode_all(protos, limit)
+    typed = sum(typed_elements(proto) for proto in protos.values())
+    if typed < OFF_LOOP_ELEMENTS:  # the hot path: tensor_content, or a few typed values
+        try:
+            return _decode_all(protos, limit, inline=True)
+        except _LargeBroadcast:  # found while decoding: nothing large was made yet
+            pass
     if check is not None:
         check()
-    return await off_loop(elements, _decode_all, protos, limit)
+    return await off_loop(OFF_LOOP_ELEMENTS, _decode_all, protos, limit)
 
 
-def _decode_all(protos, limit: int | None) -> dict[str, np.ndarray]:
+class _LargeBroadcast(Exception):
+    """A tensor decoded on the event loop would fill ``OFF_LOOP_ELEMENTS`` or more elements from a few values."""
+
+
+def _decode_all(protos, limit: int | None, inline: bool = False) -> dict[str, np.ndarray]:
     arrays = {}
-    used = 0  # bytes the request's tensors decoded so far take
+    broadcast = 0  # bytes the request's broadcast tensors decoded so far take
     for name, proto in protos.items():
-        arrays[name], decoded = _to_ndarray(proto, name, limit, used)
-        used += decoded
+        arrays[name], grown = _to_ndarray(proto, name, limit, broadcast, inline)
+        broadcast += grown
     return arrays
 
 
@@ -114,20 +121,13 @@ def _fill_all(pairs, tensor_content: bool) -> None:
         fill_proto(proto, array, tensor_content)
 
 
-def decode_elements(proto: tensor_pb2.TensorProto) -> int:
-    """How many elements decoding a request tensor fills one by one: none for ``tensor_content`` (read in
-    place, and not touched here, which would copy it); for typed values, those sent or, when fewer values
-    broadcast over the shape, the shape's elements. A shape of more than 64 dimensions (refused by decoding) is
-    not multiplied out: a message can hold tens of thousands of huge dimensions, and that product alone would
-    take seconds."""
+def typed_elements(proto: tensor_pb2.TensorProto) -> int:
+    """How many values a request tensor carries in its typed field: what decoding walks one by one (0 for
+    ``tensor_content``, read in place). Counted, not multiplied out of the shape: the shape is not checked yet,
+    and a message can hold tens of thousands of huge dimensions; nor is ``tensor_content`` touched, which would
+    copy it. (A few values broadcast over a large shape are found while decoding: see ``decode_all``.)"""
     codec = _CODECS.get(proto.dtype)
-    typed = len(getattr(proto, codec[1])) if codec is not None else 0
-    if not typed:
-        return 0
-    dims = proto.tensor_shape.dim
-    if len(dims) > MAX_DIMS:
-        return typed
-    return max(typed, math.prod([max(d.size, 0) for d in dims]))
+    return len(getattr(proto, codec[1])) if codec is not None else 0
 
 
 TYPED_BYTES_PER_ELEMENT = 10  # the most a typed value takes in a message (a varint; a float takes 4)
@@ -206,10 +206,12 @@ def to_ndarray(proto: tensor_pb2.TensorProto, name: str, max_bytes: int | None =
 
 
 def _to_ndarray(
-    proto: tensor_pb2.TensorProto, name: str, max_bytes: int | None, used: int = 0
+    proto: tensor_pb2.TensorProto, name: str, max_bytes: int | None, broadcast: int = 0, inline: bool = False
 ) -> tuple[np.ndarray, int]:
-    """``to_ndarray``, and the bytes the tensor takes once decoded (0 when unbounded); ``used``: what the
-    request's other tensors decoded so far take of ``max_bytes``."""
+    """``to_ndarray``, and the bytes the tensor takes once decoded when it is broadcast (fewer typed values than
+    elements; else 0: the message bounds what was sent). ``broadcast``: what the request's other broadcast
+    tensors decoded so far take of ``max_bytes``. ``inline`` (on the event loop): _LargeBroadcast instead of
+    filling ``OFF_LOOP_ELEMENTS`` or more elements from a few values."""
     codec = _CODECS.get(proto.dtype)
     if codec is None:
         known = ", ".join(DT.Name(e) for e in _CODECS)
@@ -220,15 +222,6 @@ def _to_ndarray(
     dtype, field, field_dtype = codec
     shape = _shape(proto, name)
     count = math.prod(shape)  # Python ints: no silent int64 wrap-around
-    decoded = 0
-    if max_bytes is not None:
-        decoded = _decoded_bytes(proto, count, dtype)
-        if used + decoded > max_bytes:
-            others = f"; with the request's other inputs ({used} bytes) that is" if used else ","
-            raise ResourceExhausted(
-                f"input {name!r}: shape {list(shape)} of {DT.Name(proto.dtype)} decodes to {decoded} bytes"
-                f"{others} more than the limit of {max_bytes} (--max_message_bytes)"
-            )
     content = proto.tensor_content
     if content:
         if proto.dtype == types_pb2.DT_STRING:
@@ -240,14 +233,14 @@ def _to_ndarray(
                 f"input {name!r}: tensor_content holds {len(content)} bytes, but {DT.Name(proto.dtype)} of shape "
                 f"{list(shape)} needs {count * dtype.itemsize} ({count} x {dtype.itemsize} bytes)"
             )
-        return np.frombuffer(content, dtype=dtype).reshape(shape), decoded
+        return np.frombuffer(content, dtype=dtype).reshape(shape), 0
     values = getattr(proto, field)
     per_element = 2 if field in ("scomplex_val", "dcomplex_val") else 1
     have = len(values) // per_element
     if count == 0:
         if have:
             raise InvalidArgument(f"input {name!r}: shape {list(shape)} holds no element but {have} values were sent")
-        return np.empty(shape, dtype=dtype), decoded
+        return np.empty(shape, dtype=dtype), 0
     if have == 0:
         raise InvalidArgument(
             f"input {name!r}: no values: shape {list(shape)} needs {count} values in {field} or in tensor_content"
@@ -260,6 +253,24 @@ def _to_ndarray(
         raise InvalidArgument(
             f"input {name!r}: {field} holds {have} values, more than the {count} of shape {list(shape)}"
         )
+    if inline and count - have >= OFF_LOOP_ELEMENTS:  # a large broadcast: not on the event loop
+        raise _LargeBroadcast
+    grown = 0
+    if max_bytes is not None:
+        decoded = _decoded_bytes(proto, count, dtype)
+        if decoded > max_bytes:
+            raise ResourceExhausted(
+                f"input {name!r}: shape {list(shape)} of {DT.Name(proto.dtype)} decodes to {decoded} bytes, more "
+                f"than the limit of {max_bytes} (--max_message_bytes)"
+            )
+        if have < count:  # broadcast: bounded with the request's other broadcast tensors
+            grown = decoded
+            if broadcast + grown > max_bytes:
+                raise ResourceExhausted(
+                    f"input {name!r}: shape {list(shape)} of {DT.Name(proto.dtype)} decodes to {grown} bytes from "
+                    f"{have} value(s); with the request's other broadcast inputs ({broadcast} bytes) that is more "
+                    f"than the limit of {max_bytes} (--max_message_bytes)"
+                )
     if field_dtype.kind == "O":
         flat = np.empty(have, dtype=object)
         flat[:] = list(values)
@@ -271,7 +282,7 @@ def _to_ndarray(
             flat = flat.view(dtype) if per_element == 2 else flat.astype(dtype)
     if have < count:  # TensorFlow pads with the last value: a single value broadcasts
         flat = np.concatenate([flat, np.full(count - have, flat[-1], dtype=dtype)])
-    return flat.reshape(shape), decoded
+    return flat.reshape(shape), grown
 
 
 def _decoded_bytes(proto: tensor_pb2.TensorProto, count: int, dtype: np.dtype) -> int:

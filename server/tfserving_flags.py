@@ -29,6 +29,7 @@ NO_EFFECT_FLAGS = {
     "grpc_socket_path": "servex serves gRPC on its TCP port only (--port)",
     "remove_unused_fields_from_bundle_metagraph": "servex keeps no MetaGraphDef once a version is loaded",
     "prefer_tflite_model": "servex serves no TensorFlow Lite models",
+    "use_tflite_model": "servex serves no TensorFlow Lite models",
     "num_tflite_pools": "servex serves no TensorFlow Lite models",
     "num_tflite_interpreters_per_pool": "servex serves no TensorFlow Lite models",
     "enable_signature_method_name_check": "servex checks a signature by its inputs and outputs (TensorFlow "
@@ -91,18 +92,28 @@ def session_config(path: str, fail) -> object:
         fail(f"--tensorflow_session_config_file: {path!r} is not a TensorFlow ConfigProto in text format: {e}")
 
 
+# gRPC's message size limits: servex checks answers and decoded requests against --max_message_bytes as well, so
+# they are set by that flag only.
+MESSAGE_LIMITS = ("grpc.max_receive_message_length", "grpc.max_send_message_length")
+
+
 def channel_arguments(text: str, fail) -> tuple[tuple[str, int | str], ...]:
-    """--grpc_channel_arguments: ``key=value`` pairs, comma-separated; values that parse as integers are ints."""
+    """--grpc_channel_arguments: ``key=value`` pairs, comma-separated; a value that parses as a 32-bit integer is
+    one (gRPC's integer arguments are C ints), others are strings, as TensorFlow Serving passes them."""
     pairs = []
     for item in filter(None, (part.strip() for part in text.split(","))):
         key, sep, value = item.partition("=")
-        if not sep or not key.strip():
+        key, value = key.strip(), value.strip()
+        if not sep or not key:
             fail(f"--grpc_channel_arguments expects key=value[,key=value...], got {item!r}")
-        value = value.strip()
+        if key in MESSAGE_LIMITS:
+            fail(f"--grpc_channel_arguments: set {key} with --max_message_bytes, which servex's own checks of "
+                 f"answers and decoded requests follow too")  # fmt: skip
         try:
-            pairs.append((key.strip(), int(value)))
+            number = int(value)
         except ValueError:
-            pairs.append((key.strip(), value))
+            number = None
+        pairs.append((key, number if number is not None and -(2**31) <= number < 2**31 else value))
     return tuple(pairs)
 
 

@@ -133,8 +133,9 @@ def test_broadcast_inputs_are_bounded_together_and_checked_against_the_model_fir
     with pytest.raises(grpc.RpcError) as info:
         stub.Predict(request("half", 3), timeout=30)
     assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert f"decodes to {rows * 4} bytes; with the request's other inputs ({2 * rows * 4} bytes)" in (
-        info.value.details()
+    assert (
+        f"decodes to {rows * 4} bytes from 1 value(s); with the request's other broadcast inputs ({2 * rows * 4} "
+        in (info.value.details())
     )
     # Named to a model that is not served: NOT_FOUND before anything is decoded (the bound is not even reached).
     with pytest.raises(grpc.RpcError) as info:

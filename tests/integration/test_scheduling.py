@@ -183,3 +183,23 @@ def test_a_call_whose_deadline_passes_while_it_runs_is_counted_deadline_exceeded
         before["DEADLINE_EXCEEDED"] + 1
     )
     assert metric(daemon, "servex_requests_total", model="slow", code="OK") == before["OK"] + 1  # the short call
+
+
+def test_a_stream_whose_deadline_passes_while_it_runs_is_counted_deadline_exceeded(one_worker):
+    from tritonclient.grpc import service_pb2
+
+    daemon = one_worker
+    before = metric(daemon, "servex_requests_total", method="ModelStreamInfer", code="DEADLINE_EXCEEDED")
+    request = service_pb2.ModelInferRequest(model_name="slow")
+    request.inputs.add(name="iterations", datatype="INT64", shape=[])
+    request.raw_input_contents.append(np.array(600_000, np.int64).tobytes())
+    stream = daemon.channel.stream_stream(
+        "/inference.GRPCInferenceService/ModelStreamInfer",
+        request_serializer=service_pb2.ModelInferRequest.SerializeToString,
+        response_deserializer=service_pb2.ModelStreamInferResponse.FromString,
+    )
+    with pytest.raises(grpc.RpcError) as info:
+        list(stream(iter([request]), timeout=0.5))
+    assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert predict(daemon.channel, "slow", "iterations", np.array(3, np.int64)) == 3  # after the long run
+    assert metric(daemon, "servex_requests_total", method="ModelStreamInfer", code="DEADLINE_EXCEEDED") == before + 1

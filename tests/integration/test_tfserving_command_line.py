@@ -16,7 +16,7 @@ from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 from tests.conftest import HALF_PLUS_TWO_TF1
 from tests.integration.daemon import run_to_exit
 
-SMALL = 1024  # the gRPC port's receive limit set through --grpc_channel_arguments
+METADATA_LIMIT = 4096  # the gRPC port's hard limit on a call's metadata, set through --grpc_channel_arguments
 
 
 def predict(channel, model: str, x: np.ndarray) -> predict_pb2.PredictResponse:
@@ -37,15 +37,20 @@ def test_a_tensorflow_model_server_command_line_serves(start_daemon, tmp_path):
         "--tensorflow_session_parallelism=2",
         "--enable_batching=false",
         f"--monitoring_config_file={monitoring}",
-        f"--grpc_channel_arguments=grpc.max_receive_message_length={SMALL}",
+        f"--grpc_channel_arguments=grpc.max_metadata_size=2048,grpc.absolute_max_metadata_size={METADATA_LIMIT}",
         rest=True,
     )
     answer = predict(daemon.channel, "half", np.array([[1.0]], np.float32))
     assert tf.make_ndarray(answer.outputs["y"]).ravel().tolist() == [2.5]
-    # The channel argument is in effect, after servex's own --max_message_bytes.
+    # The channel arguments are in effect: a call with more metadata than the limit is refused by gRPC.
+    stub = prediction_service_pb2_grpc.PredictionServiceStub(daemon.channel)
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = "half"
+    request.inputs["x"].CopyFrom(tf.make_tensor_proto(np.array([[1.0]], np.float32)))
     with pytest.raises(grpc.RpcError) as info:
-        predict(daemon.channel, "half", np.zeros((SMALL, 1), np.float32))
+        stub.Predict(request, timeout=30, metadata=[("x-big", "a" * 2 * METADATA_LIMIT)])
     assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert f"vs. {METADATA_LIMIT}" in info.value.details()
     # TensorFlow Serving's Prometheus path on the REST port: the same metrics as --metrics_port.
     with urllib.request.urlopen(f"{daemon.rest_url}/monitoring/prometheus/metrics", timeout=10) as reply:
         assert reply.status == 200 and reply.headers["Content-Type"].startswith("text/plain")

@@ -23,6 +23,7 @@ TFS_ONLY = [
     "--grpc_socket_path=/tmp/tfs.sock",
     "--remove_unused_fields_from_bundle_metagraph=true",
     "--prefer_tflite_model=false",
+    "--use_tflite_model=false",
     "--num_tflite_pools=2",
     "--num_tflite_interpreters_per_pool=1",
     "--enable_signature_method_name_check=false",
@@ -141,12 +142,20 @@ def test_saved_model_tags_and_grpc_channel_arguments(capsys):
     settings = parse_settings([]).settings
     assert settings.saved_model_tags == ("serve",) and settings.grpc_channel_arguments == ()
     settings = parse_settings(
-        ["--saved_model_tags=serve, gpu", "--grpc_channel_arguments=grpc.max_connection_age_ms=2000,a.b=text"]
+        [
+            "--saved_model_tags=serve, gpu",
+            "--grpc_channel_arguments=grpc.max_connection_age_ms=2000,a.b=text,grpc.big=99999999999",
+        ]
     ).settings
     assert settings.saved_model_tags == ("serve", "gpu")
-    assert settings.grpc_channel_arguments == (("grpc.max_connection_age_ms", 2000), ("a.b", "text"))
+    assert settings.grpc_channel_arguments == (
+        ("grpc.max_connection_age_ms", 2000),
+        ("a.b", "text"),
+        ("grpc.big", "99999999999"),  # past a C int: a string, as TensorFlow Serving passes it
+    )
     for bad, message in [
         ("--grpc_channel_arguments=grpc.keepalive_time_ms", "expects key=value"),
+        ("--grpc_channel_arguments=grpc.max_send_message_length=10", "with --max_message_bytes"),
         ("--saved_model_tags=,", "names no tag"),
         ("--per_process_gpu_memory_fraction=1.5", "must be from 0 to 1"),
     ]:

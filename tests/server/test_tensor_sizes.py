@@ -33,7 +33,7 @@ def test_broadcast_string_counts_every_copy_against_the_limit(value, shape):
         tensors.to_ndarray(proto, NAME, LIMIT)
 
 
-def test_a_request_s_inputs_are_bounded_together():
+def test_a_request_s_broadcast_inputs_are_bounded_together():
     # Each broadcast decodes to 40% of the limit: two fit, a third does not, and is refused before it is made.
     rows = int(LIMIT * 0.4) // 4
     protos = {f"in{i}": _shaped(types_pb2.DT_FLOAT, [rows], float_val=[float(i)]) for i in range(3)}
@@ -42,27 +42,52 @@ def test_a_request_s_inputs_are_bounded_together():
     with pytest.raises(ResourceExhausted) as e:
         asyncio.run(tensors.decode_all(protos, LIMIT))
     assert e.value.message == (
-        f"input 'in2': shape [{rows}] of DT_FLOAT decodes to {rows * 4} bytes; with the request's other inputs "
-        f"({2 * rows * 4} bytes) that is more than the limit of {LIMIT} (--max_message_bytes)"
+        f"input 'in2': shape [{rows}] of DT_FLOAT decodes to {rows * 4} bytes from 1 value(s); with the request's "
+        f"other broadcast inputs ({2 * rows * 4} bytes) that is more than the limit of {LIMIT} (--max_message_bytes)"
     )
 
 
+def test_inputs_sent_in_full_are_not_counted_together():
+    # Values all sent are bounded by the message: two int64 inputs of 1,000 one-byte varints each decode to 16,000
+    # bytes, past a 12,000-byte limit together, and are taken (each alone is within it).
+    protos = {f"ids{i}": _shaped(types_pb2.DT_INT64, [1000], int64_val=[1] * 1000) for i in range(2)}
+    decoded = asyncio.run(tensors.decode_all(protos, 12_000))
+    assert [a.sum() for a in decoded.values()] == [1000, 1000]
+
+
 def test_a_large_decode_is_checked_first_and_runs_off_the_event_loop():
-    # The check (the adapters resolve the model there) runs before a large decode, which runs on the requests'
-    # pool; a small decode neither calls it nor leaves the loop.
-    calls = []
-    big = {"x": _shaped(types_pb2.DT_FLOAT, [tensors.OFF_LOOP_ELEMENTS], float_val=[1.0])}
+    # The check (the adapters resolve the model there) runs before a large decode (many typed values, or a few
+    # broadcast over many elements), which runs on the requests' pool; a small decode neither calls it nor leaves
+    # the loop.
+    calls, threads = [], []
+    broadcast = {"x": _shaped(types_pb2.DT_FLOAT, [tensors.OFF_LOOP_ELEMENTS + 1], float_val=[1.0])}
+    many = {"x": _shaped(types_pb2.DT_FLOAT, [tensors.OFF_LOOP_ELEMENTS], float_val=[1.0] * tensors.OFF_LOOP_ELEMENTS)}
     small = {"x": _shaped(types_pb2.DT_FLOAT, [3], float_val=[1.0])}
 
-    def check():
+    def refuse():
         calls.append(threading.current_thread().name)
         raise ResourceExhausted("refused by the check")
 
-    with pytest.raises(ResourceExhausted, match="refused by the check"):
-        asyncio.run(tensors.decode_all(big, LIMIT, check))
-    assert calls == ["MainThread"]
-    assert asyncio.run(tensors.decode_all(small, LIMIT, check))["x"].tolist() == [1.0] * 3
-    assert calls == ["MainThread"]
+    for large in (broadcast, many):
+        with pytest.raises(ResourceExhausted, match="refused by the check"):
+            asyncio.run(tensors.decode_all(large, LIMIT, refuse))
+    assert calls == ["MainThread", "MainThread"]
+    assert asyncio.run(tensors.decode_all(small, LIMIT, refuse))["x"].tolist() == [1.0] * 3
+    assert calls == ["MainThread", "MainThread"]
+    real = tensors._to_ndarray
+
+    def spy(*args):
+        threads.append(threading.current_thread().name)
+        return real(*args)
+
+    tensors._to_ndarray = spy
+    try:
+        for large in (broadcast, many):
+            assert asyncio.run(tensors.decode_all(large, LIMIT, lambda: None))["x"][-1] == 1.0
+    finally:
+        tensors._to_ndarray = real
+    # the broadcast is found on the loop (and dropped there before it is filled), then decoded on the pool
+    assert threads[0] == "MainThread" and all(t.startswith("servex-request-work") for t in threads[1:])
 
 
 def test_broadcast_string_within_the_limit_decodes():
@@ -111,15 +136,12 @@ def test_large_typed_output_is_written_in_chunks(monkeypatch):
     np.testing.assert_array_equal(tf.make_ndarray(proto), values)
 
 
-def test_decode_and_output_elements_count_what_decoding_and_encoding_fill():
-    assert tensors.decode_elements(tf.make_tensor_proto(np.zeros((3, 4), np.float32))) == 0  # tensor_content
-    # Typed values: the elements of the shape, which the last value fills when fewer are sent.
-    assert tensors.decode_elements(_shaped(types_pb2.DT_FLOAT, [3, 4], float_val=[1.0, 2.0])) == 12
-    assert tensors.decode_elements(_shaped(types_pb2.DT_FLOAT, [2], float_val=[1.0, 2.0, 3.0])) == 3  # refused later
-    assert tensors.decode_elements(_shaped(types_pb2.DT_STRING, [], string_val=[b"a"])) == 1
-    # Past 64 dimensions (refused later) the shape is not multiplied out: 50,000 dimensions of 2^62 would take
-    # seconds.
-    assert tensors.decode_elements(_shaped(types_pb2.DT_FLOAT, [2**62] * 50_000, float_val=[1.0])) == 1
+def test_typed_and_output_elements_count_what_encoding_walks():
+    assert tensors.typed_elements(tf.make_tensor_proto(np.zeros((3, 4), np.float32))) == 0  # tensor_content
+    assert tensors.typed_elements(_shaped(types_pb2.DT_FLOAT, [3, 4], float_val=[1.0, 2.0])) == 2  # values sent
+    assert tensors.typed_elements(_shaped(types_pb2.DT_STRING, [], string_val=[b"a"])) == 1
+    # The shape is not multiplied out: 50,000 dimensions of 2^62 (unchecked yet) would take seconds.
+    assert tensors.typed_elements(_shaped(types_pb2.DT_FLOAT, [2**62] * 50_000, float_val=[1.0])) == 1
     arrays = [np.zeros((2, 5), np.float32), np.array([b"a", b"b"], dtype=object)]
     assert tensors.output_elements(arrays) == 12
     assert tensors.output_elements(arrays, tensor_content=True) == 2  # numbers go as bytes; strings never do
