@@ -18,6 +18,7 @@ import logging
 import time
 from importlib import metadata
 
+import grpc
 from google.protobuf import json_format
 
 from loader.config import ModelSpec
@@ -34,9 +35,10 @@ from server.v2_config import PLATFORM
 log = logging.getLogger(__name__)
 
 SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
-# What ServerMetadata lists: the repository extension (on the admin port), request parameters (priority),
-# classification outputs and system shared memory.
-EXTENSIONS = ("model_repository", "parameters", "classification", "system_shared_memory")
+# What ServerMetadata lists on the main port: request parameters (priority), classification outputs and system
+# shared memory; on the admin port, the model repository extension, the one it serves.
+EXTENSIONS = ("parameters", "classification", "system_shared_memory")
+ADMIN_EXTENSIONS = ("model_repository",)
 PRIORITY = "priority"
 BASE_PATH = "base_path"
 # ModelManager states -> the v2 repository index's
@@ -259,6 +261,23 @@ class RepositoryService(pb_grpc.GRPCInferenceServiceServicer):
         self.lifecycle = lifecycle
         self.unloaded: dict[str, ModelSpec] = {}  # models unloaded here, loadable again by name
         self._lock = asyncio.Lock()
+        self.version = _server_version()
+
+    # What a Triton control-plane client asks first, on any port: live, ready, and what this port serves.
+    @rpc
+    async def ServerLive(self, request, context):
+        return pb.ServerLiveResponse(live=True)
+
+    @rpc
+    async def ServerReady(self, request, context):
+        return pb.ServerReadyResponse(ready=bool(self.core.manager.available_models()))
+
+    @rpc
+    async def ServerMetadata(self, request, context):
+        return pb.ServerMetadataResponse(name="servex", version=self.version, extensions=ADMIN_EXTENSIONS)
+
+    async def ModelStreamInfer(self, request_iterator, context):
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, _main_port_only("ModelStreamInfer").message)
 
     @staticmethod
     def _repository(name: str) -> None:
@@ -334,6 +353,27 @@ class RepositoryService(pb_grpc.GRPCInferenceServiceServicer):
             await self.lifecycle.apply(list(specs.values()))
             self.unloaded[name] = spec
         return pb.RepositoryModelUnloadResponse()
+
+
+def _main_port_only(method: str) -> Unimplemented:
+    return Unimplemented(f"{method} is served on the main gRPC port (--port); the admin port serves the model "
+                         f"repository extension")  # fmt: skip
+
+
+def _refuse_on_the_admin_port(method: str):
+    @rpc
+    async def refuse(self, request, context):
+        raise _main_port_only(method)
+
+    refuse.__name__ = method
+    return refuse
+
+
+# Every other unary method of the service answers UNIMPLEMENTED naming the main port (grpcio's servicer base class
+# would raise NotImplementedError: UNKNOWN, and a traceback logged per call).
+for _method in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
+    if _method.name not in RepositoryService.__dict__ and not _method.client_streaming:
+        setattr(RepositoryService, _method.name, _refuse_on_the_admin_port(_method.name))
 
 
 def add_to_server(core: ServingCore, server, max_tensor_bytes: int | None = None) -> None:

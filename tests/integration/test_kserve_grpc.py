@@ -138,7 +138,8 @@ def test_server_live_ready_and_metadata(client):
     meta = client.get_server_metadata()
     assert meta.name == "servex"
     assert meta.version
-    assert {"model_repository", "parameters", "classification"} <= set(meta.extensions)
+    assert {"parameters", "classification", "system_shared_memory"} <= set(meta.extensions)
+    assert "model_repository" not in meta.extensions  # served on the admin port, which lists it
 
 
 def test_model_ready(client):
@@ -388,6 +389,19 @@ def test_repository_is_not_on_the_main_port(client):
             call()
         assert info.value.status() == "StatusCode.UNIMPLEMENTED"
         assert "admin port" in info.value.message()
+
+
+def test_the_admin_port_answers_what_a_control_plane_client_asks_first(served):
+    daemon, admin_port = served
+    with triton.InferenceServerClient(f"127.0.0.1:{admin_port}") as admin:
+        assert admin.is_server_live() and admin.is_server_ready()
+        assert list(admin.get_server_metadata().extensions) == ["model_repository"]
+        for call in (lambda: admin.is_model_ready("tf1"), lambda: admin.get_model_metadata("tf1")):
+            with pytest.raises(InferenceServerException) as info:
+                call()
+            assert info.value.status() == "StatusCode.UNIMPLEMENTED"
+            assert "served on the main gRPC port (--port)" in info.value.message()
+    assert "NotImplementedError" not in daemon.log() and "Traceback" not in daemon.log()
 
 
 def test_repository_index_load_and_unload(served, client, models):
