@@ -28,7 +28,7 @@ from protos.inference import grpc_service_pb2 as pb
 from protos.inference import grpc_service_pb2_grpc as pb_grpc
 from server import tensors, v2_config, v2_stats, v2_types
 from server.core import DEFAULT_SIGNATURE, REQUEST, RequestInfo, ServingCore, checked_priority
-from server.rpc import Malformed, check_answer_size, ended_code, model_name, record, request_info, rpc
+from server.rpc import Malformed, bounded, check_answer_size, ended_code, model_name, record, request_info, rpc
 from server.shared_memory import NO_CUDA_MEMORY
 from server.v2_config import PLATFORM
 
@@ -40,6 +40,8 @@ SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 EXTENSIONS = ("parameters", "classification", "system_shared_memory")
 ADMIN_EXTENSIONS = ("model_repository",)
 PRIORITY = "priority"
+FINAL_RESPONSE = "triton_final_response"  # a stream answer's parameter: the request's last answer
+GRPC_ERROR_METADATA = "triton_grpc_error"  # "true": a stream's first error ends it with its gRPC status
 BASE_PATH = "base_path"
 # ModelManager states -> the v2 repository index's
 _INDEX_STATES = {AVAILABLE: "READY", LOADING: "LOADING", UNLOADING: "UNLOADING"}
@@ -168,11 +170,17 @@ class KServeService(pb_grpc.GRPCInferenceServiceServicer):
         return response
 
     async def ModelStreamInfer(self, request_iterator, context):
-        """Each request is answered in order; a failed one answers with ``error_message`` and the stream goes on."""
+        """Each request is answered in order, its answer marked final (``triton_final_response``, as Triton marks
+        a model's last answer to a request: servex gives one per request). A failed one answers ``error_message``
+        with the request's id and model, and the stream goes on; with Triton's ``triton_grpc_error: true`` metadata
+        the error ends the stream with its gRPC status instead."""
+        grpc_errors = any(key == GRPC_ERROR_METADATA and str(value).lower() == "true"
+                          for key, value in context.invocation_metadata() or ())  # fmt: skip
         async for request in request_iterator:
             start = time.perf_counter()
             code = "OK"
             info = RequestInfo()
+            error = None
             try:
                 if type(request) is Malformed:
                     raise InvalidArgument(request.message)
@@ -183,17 +191,25 @@ class KServeService(pb_grpc.GRPCInferenceServiceServicer):
                 if limit is not None and (info.answer_bytes is None or info.answer_bytes > limit):
                     check_answer_size(answer, limit, "ModelStreamInfer")
             except ServingError as e:
-                code = e.code
-                answer = pb.ModelStreamInferResponse(error_message=f"{e.code}: {e.message}")
+                code, error = e.code, e
             except asyncio.CancelledError:  # gRPC ended the stream: its deadline passed, or the client cancelled
                 code = ended_code(info)
                 raise
             except Exception as e:  # one bad request must not end the stream
                 code = "INTERNAL"
                 log.exception("ModelStreamInfer failed")
-                answer = pb.ModelStreamInferResponse(error_message=f"INTERNAL: {type(e).__name__}: {e}")
+                error = ServingError(f"{type(e).__name__}: {e}")
             finally:
                 record(self.core, "ModelStreamInfer", model_name(request), info, code, start)
+            if error is not None:
+                if grpc_errors:
+                    await context.abort(getattr(grpc.StatusCode, error.code), bounded(error.message))
+                answer = pb.ModelStreamInferResponse(error_message=f"{error.code}: {error.message}")
+                if type(request) is not Malformed:  # which request failed
+                    failed = answer.infer_response
+                    failed.id, failed.model_name, failed.model_version = (
+                        request.id, request.model_name, request.model_version)  # fmt: skip
+            answer.infer_response.parameters[FINAL_RESPONSE].bool_param = True
             yield answer
 
     ModelStreamInfer.parses_malformed = True

@@ -376,6 +376,36 @@ def test_stream_answers_in_order_and_survives_an_error(client):
     assert e4 is None and r4.as_numpy("y").ravel().tolist() == [4.0]
 
 
+def test_stream_answers_are_final_and_failed_ones_name_their_request(client, stub):
+    # Triton's stream clients wait for triton_final_response (tritonclient: enable_empty_final_response=True).
+    answers: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        client.async_stream_infer("tf1", [infer_input("x", np.ones((1, 1), np.float32))], request_id="a",
+                                  enable_empty_final_response=True)  # fmt: skip
+        result, error = answers.get(timeout=30)
+    finally:
+        client.stop_stream()
+    assert error is None and result.get_response().parameters["triton_final_response"].bool_param
+    requests = [fp32_request(), fp32_request(model="nope")]
+    requests[0].id, requests[1].id = "ok-1", "bad-2"
+    good, bad = list(stub.ModelStreamInfer(iter(requests), timeout=30))
+    assert good.infer_response.id == "ok-1" and good.infer_response.parameters["triton_final_response"].bool_param
+    assert bad.error_message.startswith("NOT_FOUND: model 'nope' is not served")
+    assert (bad.infer_response.id, bad.infer_response.model_name) == ("bad-2", "nope")
+    assert bad.infer_response.parameters["triton_final_response"].bool_param
+
+
+def test_triton_grpc_error_metadata_ends_the_stream_with_the_error_s_status(stub):
+    requests = [fp32_request(), fp32_request(model="nope"), fp32_request()]
+    answers = stub.ModelStreamInfer(iter(requests), timeout=30, metadata=[("triton_grpc_error", "true")])
+    first = next(answers)
+    assert not first.error_message and first.infer_response.outputs[0].name == "y"
+    with pytest.raises(grpc.RpcError) as info:
+        next(answers)
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND and "'nope' is not served" in info.value.details()
+
+
 # -- the repository extension: admin port only ---------------------------------------------------------
 
 
