@@ -40,6 +40,7 @@ SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 EXTENSIONS = ("parameters", "classification", "system_shared_memory")
 ADMIN_EXTENSIONS = ("model_repository",)
 PRIORITY = "priority"
+TIMEOUT = "timeout"
 FINAL_RESPONSE = "triton_final_response"  # a stream answer's parameter: the request's last answer
 GRPC_ERROR_METADATA = "triton_grpc_error"  # "true": a stream's first error ends it with its gRPC status
 BASE_PATH = "base_path"
@@ -130,9 +131,15 @@ class KServeService(pb_grpc.GRPCInferenceServiceServicer):
         if not request.model_name:
             raise InvalidArgument("model_name is empty: name the model to call")
         info = REQUEST.get()
-        if PRIORITY in request.parameters:  # wins over x-servex-priority metadata
-            value = v2_types.priority_parameter(request.parameters[PRIORITY])
-            info.priority = checked_priority(value, "parameter 'priority'")
+        params = request.parameters
+        if params:  # none, usually
+            if PRIORITY in params:  # wins over x-servex-priority metadata
+                info.priority = checked_priority(v2_types.priority_parameter(params[PRIORITY]), "parameter 'priority'")
+            if TIMEOUT in params:  # microseconds the request may wait to run (Triton's); 0: none
+                micros = v2_types.integer_parameter(params[TIMEOUT], TIMEOUT, "microseconds")
+                if micros > 0:  # shortens the call's own deadline, never lengthens it
+                    deadline = time.monotonic() + micros / 1e6
+                    info.deadline = deadline if info.deadline is None else min(info.deadline, deadline)
         started = time.perf_counter()
         shared = self.core.shared_memory
         decode = v2_types.decode_infer_inputs

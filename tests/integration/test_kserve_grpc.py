@@ -299,6 +299,11 @@ def _output(request, name):
     return request
 
 
+def _parameter(request, name, **value):
+    request.parameters[name].MergeFrom(service_pb2.InferParameter(**value))
+    return request
+
+
 def _fp64_request():
     request = service_pb2.ModelInferRequest(model_name="tf1")
     request.inputs.add(name="x", datatype="FP64", shape=[1, 1]).contents.fp64_contents.append(1.0)
@@ -321,6 +326,9 @@ BAD_REQUESTS = {
     "unknown input": (fp32_request(name="q"), "INVALID_ARGUMENT", "unknown input(s) ['q']"),
     "shape": (fp32_request(values=(1.0, 2.0), shape=(1, 2)), "INVALID_ARGUMENT", "'x' expects shape [-1,1]"),
     "dtype": (_fp64_request(), "INVALID_ARGUMENT", "'x' expects dtype DT_FLOAT"),
+    # Triton's timeout parameter, in microseconds: 1 has passed before the run could start
+    "timeout": (_parameter(fp32_request(), "timeout", int64_param=1), "DEADLINE_EXCEEDED", "deadline"),
+    "timeout type": (_parameter(fp32_request(), "timeout", string_param="1s"), "INVALID_ARGUMENT", "'timeout' must be"),
 }
 
 
