@@ -203,8 +203,9 @@ async def model_metadata(rest: Rest, request: web.Request, call: Call, info: Req
                 "name": served.name,
                 "versions": versions,
                 "platform": PLATFORM,
-                "inputs": [_tensor_metadata(a, s) for a, s in sig.inputs.items()] if sig else [],
-                "outputs": [_tensor_metadata(a, s) for a, s in sig.outputs.items()] if sig else [],
+                # In name order, as gRPC's ModelMetadata and the model config list them.
+                "inputs": [_tensor_metadata(a, s) for a, s in sorted(sig.inputs.items())] if sig else [],
+                "outputs": [_tensor_metadata(a, sig.outputs[a]) for a in sig.output_aliases] if sig else [],
             }
         )
     return json_response(body)

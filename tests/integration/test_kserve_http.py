@@ -89,6 +89,9 @@ def test_metadata(client):
         "outputs": [{"name": "score", "datatype": "FP32", "shape": [-1, 1]}],
     }
     assert client.get_model_metadata("hp2", "123")["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 1]}]
+    # In name order, as gRPC's ModelMetadata lists them (the signature's own order is the export's)
+    outputs = [o["name"] for o in client.get_model_metadata("strings")["outputs"]]
+    assert outputs == ["echo_bytes", "length", "upper"]
     with pytest.raises(InferenceServerException) as e:
         client.get_model_metadata("nope")
     assert e.value.status() == "404" and "model 'nope' is not served" in e.value.message()
