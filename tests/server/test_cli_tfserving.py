@@ -186,6 +186,13 @@ def test_monitoring_config_file_serves_prometheus_on_the_rest_port(tmp_path, cap
     assert "must start with '/'" in capsys.readouterr().err
 
 
+def test_tensorflow_serving_s_own_monitoring_config_file_is_read():
+    from tests.conftest import EXPECTED
+
+    settings = parse_settings([f"--monitoring_config_file={EXPECTED / 'monitoring_config.txt'}"]).settings
+    assert settings.prometheus_rest_path == "/monitoring/prometheus/metrics"
+
+
 def test_version_prints_servex_and_tensorflow_versions(capsys):
     import tensorflow as tf
 
