@@ -187,20 +187,23 @@ class KServeService(pb_grpc.GRPCInferenceServiceServicer):
             start = time.perf_counter()
             code = "OK"
             info = RequestInfo()
+            deadline = None
             error = None
             try:
                 if type(request) is Malformed:
                     raise InvalidArgument(request.message)
                 info = request_info(context)
+                deadline = info.deadline  # the stream's own (a request parameter may shorten info's for the queue)
                 REQUEST.set(info)
                 answer = pb.ModelStreamInferResponse(infer_response=await self._infer(request))
+                answer.infer_response.parameters[FINAL_RESPONSE].bool_param = True  # before the size check
                 limit = self.max_tensor_bytes
                 if limit is not None and (info.answer_bytes is None or info.answer_bytes > limit):
                     check_answer_size(answer, limit, "ModelStreamInfer")
             except ServingError as e:
                 code, error = e.code, e
             except asyncio.CancelledError:  # gRPC ended the stream: its deadline passed, or the client cancelled
-                code = ended_code(info)
+                code = ended_code(deadline)
                 raise
             except Exception as e:  # one bad request must not end the stream
                 code = "INTERNAL"
@@ -216,7 +219,7 @@ class KServeService(pb_grpc.GRPCInferenceServiceServicer):
                     failed = answer.infer_response
                     failed.id, failed.model_name, failed.model_version = (
                         request.id, request.model_name, request.model_version)  # fmt: skip
-            answer.infer_response.parameters[FINAL_RESPONSE].bool_param = True
+                answer.infer_response.parameters[FINAL_RESPONSE].bool_param = True
             yield answer
 
     ModelStreamInfer.parses_malformed = True
@@ -384,12 +387,11 @@ def _main_port_only(method: str) -> Unimplemented:
 
 
 def _refuse_on_the_admin_port(method: str):
-    @rpc
     async def refuse(self, request, context):
         raise _main_port_only(method)
 
-    refuse.__name__ = method
-    return refuse
+    refuse.__name__ = refuse.__qualname__ = method  # before rpc() reads it: the metrics' method label
+    return rpc(refuse)
 
 
 # Every other unary method of the service answers UNIMPLEMENTED naming the main port (grpcio's servicer base class

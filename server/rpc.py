@@ -128,13 +128,15 @@ def rpc(method):
         model = model_name(request)
         code = "OK"
         info = RequestInfo()
+        deadline = None
         try:
             if type(request) is Malformed:
                 raise InvalidArgument(request.message)
             info = request_info(context)
+            deadline = info.deadline  # the call's own (a request parameter may shorten info's for the queue)
             REQUEST.set(info)
             answer = await method(self, request, context)
-            if info.deadline is not None and time.monotonic() > info.deadline:
+            if deadline is not None and time.monotonic() > deadline:
                 # gRPC has told the client DEADLINE_EXCEEDED already; count the call so, not OK.
                 raise DeadlineExceeded(f"the call's deadline passed before {name} had its answer")
             limit = getattr(self, "max_tensor_bytes", None)
@@ -145,7 +147,7 @@ def rpc(method):
             code = e.code
             status, message = getattr(grpc.StatusCode, e.code), e.message
         except asyncio.CancelledError:  # gRPC ended the call: its deadline passed, or the client cancelled it
-            code = ended_code(info)
+            code = ended_code(deadline)
             raise
         except Exception as e:
             code = "INTERNAL"
@@ -159,10 +161,10 @@ def rpc(method):
     return wrapper
 
 
-def ended_code(info: RequestInfo) -> str:
-    """The status of a call gRPC ended (its task cancelled): DEADLINE_EXCEEDED once its deadline has passed, else
-    CANCELLED (the client cancelled it or went away)."""
-    return "DEADLINE_EXCEEDED" if info.deadline is not None and time.monotonic() >= info.deadline else "CANCELLED"
+def ended_code(deadline: float | None) -> str:
+    """The status of a call gRPC ended (its task cancelled): DEADLINE_EXCEEDED once its own ``deadline`` has
+    passed, else CANCELLED (the client cancelled it or went away)."""
+    return "DEADLINE_EXCEEDED" if deadline is not None and time.monotonic() >= deadline else "CANCELLED"
 
 
 MAX_MESSAGE_CHARS = 4096

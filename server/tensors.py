@@ -103,9 +103,14 @@ class _LargeBroadcast(Exception):
 def _decode_all(protos, limit: int | None, inline: bool = False) -> dict[str, np.ndarray]:
     arrays = {}
     broadcast = 0  # bytes the request's broadcast tensors decoded so far take
+    # Inline (on the event loop): elements the request's broadcasts may still fill before the decode moves off it,
+    # counted over all its tensors (many small broadcasts add up).
+    left = OFF_LOOP_ELEMENTS if inline else None
     for name, proto in protos.items():
-        arrays[name], grown = _to_ndarray(proto, name, limit, broadcast, inline)
+        arrays[name], grown, filled = _to_ndarray(proto, name, limit, broadcast, left)
         broadcast += grown
+        if left is not None:
+            left -= filled
     return arrays
 
 
@@ -206,12 +211,12 @@ def to_ndarray(proto: tensor_pb2.TensorProto, name: str, max_bytes: int | None =
 
 
 def _to_ndarray(
-    proto: tensor_pb2.TensorProto, name: str, max_bytes: int | None, broadcast: int = 0, inline: bool = False
-) -> tuple[np.ndarray, int]:
-    """``to_ndarray``, and the bytes the tensor takes once decoded when it is broadcast (fewer typed values than
-    elements; else 0: the message bounds what was sent). ``broadcast``: what the request's other broadcast
-    tensors decoded so far take of ``max_bytes``. ``inline`` (on the event loop): _LargeBroadcast instead of
-    filling ``OFF_LOOP_ELEMENTS`` or more elements from a few values."""
+    proto: tensor_pb2.TensorProto, name: str, max_bytes: int | None, broadcast: int = 0, left: int | None = None
+) -> tuple[np.ndarray, int, int]:
+    """``to_ndarray``, the bytes the tensor takes once decoded when it is broadcast (fewer typed values than
+    elements; else 0: the message bounds what was sent), and the elements its broadcast fills. ``broadcast``:
+    what the request's other broadcast tensors decoded so far take of ``max_bytes``. ``left`` (on the event loop):
+    _LargeBroadcast instead of filling that many elements or more from a few values."""
     codec = _CODECS.get(proto.dtype)
     if codec is None:
         known = ", ".join(DT.Name(e) for e in _CODECS)
@@ -233,14 +238,14 @@ def _to_ndarray(
                 f"input {name!r}: tensor_content holds {len(content)} bytes, but {DT.Name(proto.dtype)} of shape "
                 f"{list(shape)} needs {count * dtype.itemsize} ({count} x {dtype.itemsize} bytes)"
             )
-        return np.frombuffer(content, dtype=dtype).reshape(shape), 0
+        return np.frombuffer(content, dtype=dtype).reshape(shape), 0, 0
     values = getattr(proto, field)
     per_element = 2 if field in ("scomplex_val", "dcomplex_val") else 1
     have = len(values) // per_element
     if count == 0:
         if have:
             raise InvalidArgument(f"input {name!r}: shape {list(shape)} holds no element but {have} values were sent")
-        return np.empty(shape, dtype=dtype), 0
+        return np.empty(shape, dtype=dtype), 0, 0
     if have == 0:
         raise InvalidArgument(
             f"input {name!r}: no values: shape {list(shape)} needs {count} values in {field} or in tensor_content"
@@ -253,7 +258,7 @@ def _to_ndarray(
         raise InvalidArgument(
             f"input {name!r}: {field} holds {have} values, more than the {count} of shape {list(shape)}"
         )
-    if inline and count - have >= OFF_LOOP_ELEMENTS:  # a large broadcast: not on the event loop
+    if left is not None and count - have >= left:  # a large broadcast: not on the event loop
         raise _LargeBroadcast
     grown = 0
     if max_bytes is not None:
@@ -282,7 +287,7 @@ def _to_ndarray(
             flat = flat.view(dtype) if per_element == 2 else flat.astype(dtype)
     if have < count:  # TensorFlow pads with the last value: a single value broadcasts
         flat = np.concatenate([flat, np.full(count - have, flat[-1], dtype=dtype)])
-    return flat.reshape(shape), grown
+    return flat.reshape(shape), grown, count - have
 
 
 def _decoded_bytes(proto: tensor_pb2.TensorProto, count: int, dtype: np.dtype) -> int:

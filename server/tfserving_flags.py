@@ -97,9 +97,10 @@ def session_config(path: str, fail) -> object:
 MESSAGE_LIMITS = ("grpc.max_receive_message_length", "grpc.max_send_message_length")
 
 
-def channel_arguments(text: str, fail) -> tuple[tuple[str, int | str], ...]:
+def channel_arguments(text: str, fail, notes: list[str]) -> tuple[tuple[str, int | str], ...]:
     """--grpc_channel_arguments: ``key=value`` pairs, comma-separated; a value that parses as a 32-bit integer is
-    one (gRPC's integer arguments are C ints), others are strings, as TensorFlow Serving passes them."""
+    one (gRPC's integer arguments are C ints), others are strings, as TensorFlow Serving passes them. gRPC's
+    message size limits are left out, with a note: --max_message_bytes sets them."""
     pairs = []
     for item in filter(None, (part.strip() for part in text.split(","))):
         key, sep, value = item.partition("=")
@@ -107,8 +108,11 @@ def channel_arguments(text: str, fail) -> tuple[tuple[str, int | str], ...]:
         if not sep or not key:
             fail(f"--grpc_channel_arguments expects key=value[,key=value...], got {item!r}")
         if key in MESSAGE_LIMITS:
-            fail(f"--grpc_channel_arguments: set {key} with --max_message_bytes, which servex's own checks of "
-                 f"answers and decoded requests follow too")  # fmt: skip
+            notes.append(
+                f"--grpc_channel_arguments: {key}={value} has no effect in servex: --max_message_bytes sets gRPC's "
+                f"message size limits, which servex's own checks of answers and requests follow too"
+            )
+            continue
         try:
             number = int(value)
         except ValueError:

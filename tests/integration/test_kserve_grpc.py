@@ -327,7 +327,7 @@ BAD_REQUESTS = {
     "shape": (fp32_request(values=(1.0, 2.0), shape=(1, 2)), "INVALID_ARGUMENT", "'x' expects shape [-1,1]"),
     "dtype": (_fp64_request(), "INVALID_ARGUMENT", "'x' expects dtype DT_FLOAT"),
     # Triton's timeout parameter, in microseconds: 1 has passed before the run could start
-    "timeout": (_parameter(fp32_request(), "timeout", int64_param=1), "DEADLINE_EXCEEDED", "deadline"),
+    "timeout": (_parameter(fp32_request(), "timeout", int64_param=1), "DEADLINE_EXCEEDED", "the run did not happen"),
     "timeout type": (_parameter(fp32_request(), "timeout", string_param="1s"), "INVALID_ARGUMENT", "'timeout' must be"),
 }
 
@@ -440,6 +440,7 @@ def test_the_admin_port_answers_what_a_control_plane_client_asks_first(served):
             assert info.value.status() == "StatusCode.UNIMPLEMENTED"
             assert "served on the main gRPC port (--port)" in info.value.message()
     assert "NotImplementedError" not in daemon.log() and "Traceback" not in daemon.log()
+    assert metric(daemon, "servex_requests_total", method="ModelReady", code="UNIMPLEMENTED") == 1  # its own name
 
 
 def test_repository_index_load_and_unload(served, client, models):

@@ -203,3 +203,17 @@ def test_a_stream_whose_deadline_passes_while_it_runs_is_counted_deadline_exceed
     assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert predict(daemon.channel, "slow", "iterations", np.array(3, np.int64)) == 3  # after the long run
     assert metric(daemon, "servex_requests_total", method="ModelStreamInfer", code="DEADLINE_EXCEEDED") == before + 1
+
+
+def test_the_timeout_parameter_bounds_the_wait_to_run_not_the_run(one_worker):
+    # Triton's timeout (microseconds the request may wait to run): 0.3 s, and a run of about 1.5 s that starts at
+    # once. The run is answered, not dropped for having ended after the timeout.
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    daemon = one_worker
+    request = service_pb2.ModelInferRequest(model_name="slow")
+    request.inputs.add(name="iterations", datatype="INT64", shape=[])
+    request.raw_input_contents.append(np.array(600_000, np.int64).tobytes())
+    request.parameters["timeout"].int64_param = 300_000
+    reply = service_pb2_grpc.GRPCInferenceServiceStub(daemon.channel).ModelInfer(request, timeout=30)
+    assert np.frombuffer(reply.raw_output_contents[0], np.int64).tolist() == [600_000]

@@ -63,17 +63,19 @@ def test_a_large_decode_is_checked_first_and_runs_off_the_event_loop():
     broadcast = {"x": _shaped(types_pb2.DT_FLOAT, [tensors.OFF_LOOP_ELEMENTS + 1], float_val=[1.0])}
     many = {"x": _shaped(types_pb2.DT_FLOAT, [tensors.OFF_LOOP_ELEMENTS], float_val=[1.0] * tensors.OFF_LOOP_ELEMENTS)}
     small = {"x": _shaped(types_pb2.DT_FLOAT, [3], float_val=[1.0])}
+    # many broadcasts, each under the threshold, that add up past it
+    spread = {f"x{i}": _shaped(types_pb2.DT_FLOAT, [tensors.OFF_LOOP_ELEMENTS // 2], float_val=[1.0]) for i in range(3)}
 
     def refuse():
         calls.append(threading.current_thread().name)
         raise ResourceExhausted("refused by the check")
 
-    for large in (broadcast, many):
+    for large in (broadcast, many, spread):
         with pytest.raises(ResourceExhausted, match="refused by the check"):
             asyncio.run(tensors.decode_all(large, LIMIT, refuse))
-    assert calls == ["MainThread", "MainThread"]
+    assert calls == ["MainThread"] * 3
     assert asyncio.run(tensors.decode_all(small, LIMIT, refuse))["x"].tolist() == [1.0] * 3
-    assert calls == ["MainThread", "MainThread"]
+    assert calls == ["MainThread"] * 3
     real = tensors._to_ndarray
 
     def spy(*args):
