@@ -14,6 +14,7 @@ tritonclient's, and one process cannot hold both (the tests import tritonclient)
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from importlib import metadata
@@ -48,6 +49,7 @@ BASE_PATH = "base_path"
 _INDEX_STATES = {AVAILABLE: "READY", LOADING: "LOADING", UNLOADING: "UNLOADING"}
 
 
+@functools.cache
 def _server_version() -> str:
     try:
         return metadata.version("servex")
@@ -64,11 +66,11 @@ def _tensor_metadata(name: str, spec) -> pb.ModelMetadataResponse.TensorMetadata
     return pb.ModelMetadataResponse.TensorMetadata(name=name, datatype=datatype, shape=shape)
 
 
-class KServeService(pb_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, core: ServingCore, max_tensor_bytes: int | None = None):
-        self.core = core
-        self.version = _server_version()
-        self.max_tensor_bytes = max_tensor_bytes  # --max_message_bytes: no answer larger is sent
+class _ServerCalls:
+    """What a Triton client asks first, on either port: live, ready, and the extensions that port serves
+    (``extensions``). Needs ``self.core``."""
+
+    extensions: tuple[str, ...] = ()
 
     @rpc
     async def ServerLive(self, request, context):
@@ -77,6 +79,18 @@ class KServeService(pb_grpc.GRPCInferenceServiceServicer):
     @rpc
     async def ServerReady(self, request, context):
         return pb.ServerReadyResponse(ready=bool(self.core.manager.available_models()))
+
+    @rpc
+    async def ServerMetadata(self, request, context):
+        return pb.ServerMetadataResponse(name="servex", version=_server_version(), extensions=self.extensions)
+
+
+class KServeService(_ServerCalls, pb_grpc.GRPCInferenceServiceServicer):
+    extensions = EXTENSIONS
+
+    def __init__(self, core: ServingCore, max_tensor_bytes: int | None = None):
+        self.core = core
+        self.max_tensor_bytes = max_tensor_bytes  # --max_message_bytes: no answer larger is sent
 
     @rpc
     async def ModelReady(self, request, context):
@@ -88,10 +102,6 @@ class KServeService(pb_grpc.GRPCInferenceServiceServicer):
         except ServingError:  # unknown, loading, failed: not ready
             return pb.ModelReadyResponse(ready=False)
         return pb.ModelReadyResponse(ready=True)
-
-    @rpc
-    async def ServerMetadata(self, request, context):
-        return pb.ServerMetadataResponse(name="servex", version=self.version, extensions=EXTENSIONS)
 
     @rpc
     async def ModelMetadata(self, request, context):
@@ -277,30 +287,18 @@ def _admin_only(method: str) -> Unimplemented:
     return Unimplemented(f"{method} (the model repository extension) is served on the admin port (--admin_port)")
 
 
-class RepositoryService(pb_grpc.GRPCInferenceServiceServicer):
+class RepositoryService(_ServerCalls, pb_grpc.GRPCInferenceServiceServicer):
     """The model repository extension over the served config (``lifecycle.specs``, applied by
     ``lifecycle.apply``): load adds a model (known from the config, unloaded earlier, or at the ``base_path``
     parameter) and answers once it is served; unload removes it (in-flight requests finish first)."""
+
+    extensions = ADMIN_EXTENSIONS
 
     def __init__(self, core: ServingCore, lifecycle):
         self.core = core
         self.lifecycle = lifecycle
         self.unloaded: dict[str, ModelSpec] = {}  # models unloaded here, loadable again by name
         self._lock = asyncio.Lock()
-        self.version = _server_version()
-
-    # What a Triton control-plane client asks first, on any port: live, ready, and what this port serves.
-    @rpc
-    async def ServerLive(self, request, context):
-        return pb.ServerLiveResponse(live=True)
-
-    @rpc
-    async def ServerReady(self, request, context):
-        return pb.ServerReadyResponse(ready=bool(self.core.manager.available_models()))
-
-    @rpc
-    async def ServerMetadata(self, request, context):
-        return pb.ServerMetadataResponse(name="servex", version=self.version, extensions=ADMIN_EXTENSIONS)
 
     async def ModelStreamInfer(self, request_iterator, context):
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, _main_port_only("ModelStreamInfer").message)
@@ -397,7 +395,8 @@ def _refuse_on_the_admin_port(method: str):
 # Every other unary method of the service answers UNIMPLEMENTED naming the main port (grpcio's servicer base class
 # would raise NotImplementedError: UNKNOWN, and a traceback logged per call).
 for _method in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
-    if _method.name not in RepositoryService.__dict__ and not _method.client_streaming:
+    unserved = getattr(RepositoryService, _method.name) is getattr(pb_grpc.GRPCInferenceServiceServicer, _method.name)
+    if unserved and not _method.client_streaming:
         setattr(RepositoryService, _method.name, _refuse_on_the_admin_port(_method.name))
 
 

@@ -185,19 +185,9 @@ def exposition(tf_serving_names: bool = False) -> tuple[bytes, str]:
         MultiProcessCollector(registry, path=metrics_dir)
     if tf_serving_names:
         source, registry = registry, prometheus_client.CollectorRegistry()
-        registry.register(_Everything(source))
+        registry.register(source)  # a registry is a collector of its metrics
         registry.register(TFServingNames(source))
     return prometheus_client.generate_latest(registry), prometheus_client.CONTENT_TYPE_LATEST
-
-
-class _Everything:
-    """A registry's metrics, as a collector of another registry."""
-
-    def __init__(self, source):
-        self.source = source
-
-    def collect(self):
-        return self.source.collect()
 
 
 def start_metrics_server(port: int, address: str):

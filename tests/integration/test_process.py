@@ -120,16 +120,17 @@ def test_grpc_listeners_share_the_port_and_a_second_servex_on_it_is_refused(star
     assert tf.make_ndarray(reply.outputs["y"]).tolist() == [2.5]
 
 
-def test_busy_metrics_port_exits_1_with_a_clear_error(start_daemon):
+@pytest.mark.parametrize(("flag", "port_name"), [("--rest_api_port", "REST"), ("--metrics_port", "metrics")])
+def test_a_busy_port_exits_1_with_a_clear_error(flag, port_name):
     import socket
 
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        out = run_to_exit([f"--metrics_port={port}", f"--model_base_path={HALF_PLUS_TWO_TF1}"])
+        out = run_to_exit([f"{flag}={port}", f"--model_base_path={HALF_PLUS_TWO_TF1}"])
     assert out.returncode == 1, out.stderr
-    assert f"cannot bind metrics to 127.0.0.1:{port}" in out.stderr and "in use" in out.stderr
+    assert f"cannot bind {port_name} to 127.0.0.1:{port}" in out.stderr and "in use" in out.stderr
     assert "Traceback" not in out.stderr and "Event loop is closed" not in out.stderr
 
 

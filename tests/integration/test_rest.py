@@ -318,17 +318,3 @@ def test_keeps_serving_and_counts_rest_calls(daemon):
     assert after_bad == before_bad + 1
     assert metric(daemon, "servex_requests_total", method="rest:predict", priority="5", code="OK") >= 1
     assert daemon.proc.poll() is None
-
-
-def test_busy_rest_port_exits_1():
-    import socket
-
-    from tests.integration.daemon import run_to_exit
-
-    with socket.socket() as busy:
-        busy.bind(("127.0.0.1", 0))
-        busy.listen()
-        port = busy.getsockname()[1]
-        done = run_to_exit([f"--rest_api_port={port}", f"--model_base_path={HALF_PLUS_TWO_TF1}"])
-    assert done.returncode == 1, done.stderr
-    assert f"cannot bind REST to 127.0.0.1:{port}" in done.stderr
