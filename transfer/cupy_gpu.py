@@ -1,14 +1,21 @@
 """The GPU transfer executor, on CuPy: ``--device=gpu:N``.
 
-Per run, every input with a dtype CuPy has is laid out in one device buffer (transfer/staging.py): small inputs
+Per run, every input with a dtype CuPy has is laid out in one device block (transfer/staging.py): small inputs
 are packed into one page-locked staging buffer and go in one copy, large ones in chunks; staging buffers come from
-a bounded pool and are reused across runs. Copies are enqueued on a dedicated non-blocking host-to-device stream,
-after an event from the consumer's stream (so memory the consumer freed is not overwritten under it), and the run
-records one event when its copies end: each future waits on its own run's event only, never on the device. The
-hand-off is DLPack to TensorFlow when TensorFlow sees a GPU (``tf.experimental.dlpack.from_dlpack``; the host
-waits on the run's event first, as TensorFlow does not order its stream after ours), else the CuPy array (the
-consumer's stream waits on the event; the host does not). A second non-blocking stream serves device-to-host
-copies (``to_host``), so results can come back while the next run's inputs go in.
+a bounded pool and are reused across runs. Copies are enqueued on a dedicated non-blocking host-to-device stream
+and the run records one event when its copies end: each future waits on its own run's event only, never on the
+device, and the copies never wait for the consumer's work, so the next run's inputs go in while the consumer
+computes on the last ones. The hand-off is DLPack to TensorFlow when TensorFlow sees a GPU
+(``tf.experimental.dlpack.from_dlpack``; the host waits on the run's event first, as TensorFlow does not order its
+stream after ours), else the CuPy array (the consumer's stream, the one current when the future is read, waits on
+the event; the host does not). A second non-blocking stream serves device-to-host copies (``to_host``), so results
+can come back while the next run's inputs go in.
+
+A run's device block is allocated on the host-to-device stream and is its own until the consumer has dropped
+every array handed to it: then an event is recorded on each stream the arrays were handed to, and the block goes
+back to CuPy's pool only once those events are done (what PyTorch's ``record_stream`` does), so a later run's
+copies never overwrite memory a kernel still reads. A block handed to TensorFlow, whose streams CuPy cannot see,
+goes back after a device synchronize at the next run.
 
 Feeding a TensorFlow Session (what GraphExecutor and the variable store do) is the exception, handled by
 ``transfer``: a Session takes host memory only (``feed_dict`` rejects a ``tf.Tensor`` with TypeError, and a session
@@ -27,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -41,7 +49,7 @@ log = logging.getLogger(__name__)
 
 CHUNK_BYTES = 4 << 20  # one staging buffer
 MAX_BUFFERS = 16  # so at most 64 MiB of page-locked memory per device
-COPY_THREADS = 4  # host threads filling staging buffers of large inputs
+COPY_THREADS = 8  # host threads helping a large run fill staging buffers (with the run's own)
 # NumPy kinds/dtypes CuPy arrays can hold (bool, ints, floats incl. float16, complex).
 _CUPY_KINDS = frozenset("biufc")
 
@@ -66,8 +74,10 @@ def import_cupy(index: int):
 
 
 def tensorflow_sees_a_gpu() -> bool:
-    import tensorflow as tf
-
+    try:
+        import tensorflow as tf
+    except ImportError:  # the transfer package used on its own, without TensorFlow
+        return False
     return bool(tf.config.list_physical_devices("GPU"))
 
 
@@ -75,22 +85,45 @@ def on_gpu(array: np.ndarray) -> bool:
     return array.dtype.kind in _CUPY_KINDS
 
 
+# Where a block handed to TensorFlow was used: streams CuPy cannot see, so its retirement waits for the device.
+_TENSORFLOW = "tensorflow"
+
+
+class RunBlock:
+    """One run's device block, alive while any array of that run is: the owner of the CuPy memory the arrays view.
+
+    When the last array is dropped, the block is retired on the factory with the streams it was handed to
+    (``used_on``), whose work on it must end before the memory is reused."""
+
+    __slots__ = ("block", "factory", "done", "used_on")
+
+    def __init__(self, block, factory: CupyTransferExecutorFactory, done):
+        self.block, self.factory, self.done = block, factory, done
+        self.used_on: dict = {}  # stream pointer (or _TENSORFLOW) -> stream
+
+    def use_on(self, stream) -> None:
+        self.used_on[getattr(stream, "ptr", stream)] = stream
+
+    def __del__(self):
+        self.factory.retire(self.block, list(self.used_on.values()))
+
+
 class GpuTransferFuture(TransferFuture):
     """A device array of one run: handed off once that run's copies have ended."""
 
-    __slots__ = ("_view", "_done", "_factory")
+    __slots__ = ("_view", "_run")
 
     def __init__(self, value=None):
         super().__init__(value)
         self._view = None
 
-    def bind(self, view, done, factory: CupyTransferExecutorFactory) -> None:
-        self._view, self._done, self._factory = view, done, factory
+    def bind(self, view, run: RunBlock) -> None:
+        self._view, self._run = view, run
 
     def result(self):
         if self._view is not None:
-            self._value = self._factory.hand_off(self._view, self._done)
-            self._view = None
+            self._value = self._run.factory.hand_off(self._view, self._run)
+            self._view = self._run = None
         return self._value
 
 
@@ -135,7 +168,7 @@ class CupyTransferExecutorFactory(H2DTransferExecutorFactory):
             self.d2h_stream = cp.cuda.Stream(non_blocking=True)
         self.pool = StagingPool(chunk_bytes, max_buffers, self._pinned)
         self._threads = ThreadPoolExecutor(copy_threads, thread_name_prefix=f"servex-h2d-{index}")
-        self._depth = copy_threads + 1
+        self._helpers = copy_threads
         if handoff not in (None, "tensorflow", "cupy"):
             raise ValueError(f"handoff must be 'tensorflow' or 'cupy', not {handoff!r}")
         self.handoff = handoff or ("tensorflow" if tensorflow_sees_a_gpu() else "cupy")
@@ -146,6 +179,9 @@ class CupyTransferExecutorFactory(H2DTransferExecutorFactory):
                 self.device,
             )
         self.metrics = TransferMetrics(self.device)
+        # (device block, events on the streams that used it, or None: wait for the device); appended from
+        # RunBlock.__del__ on any thread, so only deque's atomic append/popleft touch it.
+        self._retiring: deque = deque()
 
     def _pinned(self, nbytes: int) -> StagingBuffer:
         cp = self._cp
@@ -175,11 +211,12 @@ class CupyTransferExecutorFactory(H2DTransferExecutorFactory):
         offsets, total = layout([f.size for f in flats])
         stream = self.h2d_stream
         with self.cuda_device:
-            device = cp.empty(total, cp.uint8)  # from the consumer's stream's memory pool
-            base = device.data.ptr
-            freed = cp.cuda.Event(disable_timing=True)
-            freed.record(cp.cuda.get_current_stream())
-            stream.wait_event(freed)  # our copies come after whatever the consumer did with this memory
+            self._reclaim()
+            with stream:  # from the h2d stream's arena of CuPy's pool, ordered after our earlier copies
+                block = cp.cuda.alloc(total)
+            base = block.ptr
+
+            last = []
 
             def copy_async(buffer: StagingBuffer, at: int, nbytes: int):
                 cp.cuda.runtime.memcpyAsync(
@@ -187,27 +224,71 @@ class CupyTransferExecutorFactory(H2DTransferExecutorFactory):
                 )
                 event = cp.cuda.Event(disable_timing=True)
                 event.record(stream)
+                last.append(event)
                 return event
 
-            stage(flats, offsets, total, self.pool, copy_async, self._threads, self._depth)
-            done = cp.cuda.Event(disable_timing=True)
-            done.record(stream)
+            if stage(flats, offsets, total, self.pool, copy_async, self._threads, self._helpers) == 1:
+                done = last[0]  # one copy: its own event marks the run's end
+            else:
+                done = cp.cuda.Event(disable_timing=True)
+                done.record(stream)
+            run = RunBlock(block, self, done)
+            owned = cp.cuda.MemoryPointer(cp.cuda.UnownedMemory(base, total, run, self.cuda_device.id), 0)
+            device = cp.ndarray((total,), cp.uint8, owned)
         for array, offset, future in zip(arrays, offsets, futures, strict=True):
             view = device[offset : offset + array.nbytes].view(array.dtype).reshape(array.shape)
-            future.bind(view, done, self)
+            future.bind(view, run)
         self.metrics.bytes.inc(sum(a.nbytes for a in arrays))
         self.metrics.seconds.observe(time.perf_counter() - start)
 
-    def hand_off(self, view, done):
-        """The consumer's tensor for a device view, once the run's copies (``done``) have ended."""
+    def hand_off(self, view, run: RunBlock):
+        """The consumer's tensor for a device view, once the run's copies (``run.done``) have ended."""
         if self.handoff == "tensorflow":
             import tensorflow as tf
 
-            done.synchronize()
+            run.done.synchronize()
+            run.use_on(_TENSORFLOW)
             return tf.experimental.dlpack.from_dlpack(view.toDlpack())
         with self.cuda_device:
-            self._cp.cuda.get_current_stream().wait_event(done)
+            consumer = self._cp.cuda.get_current_stream()
+            consumer.wait_event(run.done)
+        run.use_on(consumer)
         return view
+
+    def retire(self, block, used_on: list) -> None:
+        """A run's block whose arrays are all dropped: reusable once the streams that used it are past it."""
+        try:
+            if any(s is _TENSORFLOW for s in used_on):
+                self._retiring.append((block, None))
+                return
+            events = []
+            with self.cuda_device:
+                for stream in used_on:
+                    event = self._cp.cuda.Event(disable_timing=True)
+                    event.record(stream)
+                    events.append(event)
+            self._retiring.append((block, events))
+        except Exception:  # at interpreter exit CUDA may be gone; the memory goes with the process
+            log.debug("%s: could not retire a device block", self.device, exc_info=True)
+
+    def _reclaim(self) -> None:
+        """Give back to CuPy's pool the retired blocks no stream uses any more (dropping the last reference)."""
+        retiring = self._retiring
+        if not retiring:
+            return
+        after_device = []  # kept referenced until the device is past them
+        for _ in range(len(retiring)):
+            try:
+                item = retiring.popleft()
+            except IndexError:  # another run's reclaim took it
+                break
+            events = item[1]
+            if events is None:
+                after_device.append(item)
+            elif not all(e.done for e in events):
+                retiring.append(item)
+        if after_device:
+            self.cuda_device.synchronize()
 
     def to_host(self, arrays: Sequence) -> list[np.ndarray]:
         """Device arrays back to NumPy on the device-to-host stream, after the consumer's work on them."""

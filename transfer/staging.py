@@ -1,28 +1,33 @@
 """Staging one run's host inputs through a bounded pool of reusable (page-locked) buffers, without CUDA.
 
 A run's inputs are laid out back to back in one device buffer (each at a ALIGN-byte boundary), so many small
-inputs travel in one staging buffer and one copy, and a large one in buffer-sized chunks. ``stage`` fills each
-chunk's staging buffer on the host (on copy threads when the chunk is big) and hands it to ``copy_async``, which
-enqueues the device copy and returns the event that marks its end; the buffer goes back to the pool with that
-event, and is reused only once its event is done. Several chunks are in flight at once, so the host fills one
-while the previous ones are copied. transfer/cupy_gpu.py supplies the pinned allocator and the CUDA copy; the
-tests drive this module with host buffers.
+inputs travel in one staging buffer and one copy. A large run is staged in ranges that start small and double up
+to a buffer's size, so that the first device copy starts after a short fill and the later ones are big enough to
+run at full speed. Each range's staging buffer is filled on the host and handed to ``copy_async``, which enqueues
+the device copy and returns the event that marks its end; the buffer goes back to the pool with that event, and
+is reused only once its event is done. A large run's ranges are filled by several threads at once while the
+earlier ones are copied: one thread's memory copy is far slower than the PCIe link (6 against 53 GB/s on an H100
+machine). transfer/cupy_gpu.py supplies the pinned allocator and the CUDA copy; the tests drive this module with
+host buffers.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor, Future
+from concurrent.futures import Executor
 
 import numpy as np
 
 # Offsets of inputs in the run's device buffer: what cudaMalloc guarantees, enough for every dtype and DLPack.
 ALIGN = 256
-# Chunks at least this big are filled on a copy thread (NumPy releases the GIL), smaller ones inline.
-PARALLEL_MIN_BYTES = 1 << 20
+# Runs at least this big are filled by several threads (NumPy releases the GIL while it copies).
+PARALLEL_MIN_BYTES = 4 << 20
+# A run's first staged range: small, so that its copy starts soon; the ranges after it double up to a buffer.
+FIRST_CHUNK_BYTES = 256 << 10
 
 
 def layout(sizes: Sequence[int], align: int = ALIGN) -> tuple[list[int], int]:
@@ -123,6 +128,17 @@ def _fill(buffer: StagingBuffer, pieces) -> None:
         host[at : at + hi - lo] = flat[lo:hi]
 
 
+def chunk_ranges(total: int, chunk: int, first: int = FIRST_CHUNK_BYTES) -> list[tuple[int, int]]:
+    """The [c0, c1) byte ranges a run's ``total`` bytes are staged in: ``first`` bytes, then each range twice the
+    last, up to ``chunk`` (the staging buffer size)."""
+    ranges, c0, size = [], 0, min(first, chunk)
+    while c0 < total:
+        c1 = min(c0 + size, total)
+        ranges.append((c0, c1))
+        c0, size = c1, min(size * 2, chunk)
+    return ranges
+
+
 def stage(
     flats: Sequence[np.ndarray],
     offsets: Sequence[int],
@@ -130,56 +146,44 @@ def stage(
     pool: StagingPool,
     copy_async: Callable[[StagingBuffer, int, int], object],
     threads: Executor | None = None,
-    depth: int = 2,
+    helpers: int = 0,
 ) -> int:
     """Copy the inputs' bytes (``flats``: C-contiguous uint8 views, at ``offsets`` of a ``total``-byte device
-    buffer) through the pool: ``copy_async(buffer, device_offset, nbytes)`` enqueues one chunk's device copy and
-    returns its event. At most ``depth`` chunks are being filled at once. Returns the number of chunks."""
+    buffer) through the pool, in the ranges of ``chunk_ranges``: a worker takes the next range, fills a staging
+    buffer with it, and ``copy_async(buffer, device_offset, nbytes)`` enqueues its device copy and returns the event
+    that marks the copy's end. The caller is a worker; a run of PARALLEL_MIN_BYTES or more also has up to
+    ``helpers`` workers on ``threads``, so ranges are filled in parallel while earlier ones are copied (a worker
+    holds one buffer at a time: runs sharing the pool never deadlock). Returns the number of ranges."""
     ends = [o + f.size for o, f in zip(offsets, flats, strict=True)]
-    chunk = pool.buffer_bytes
-    queue: deque[tuple[StagingBuffer, Future | None, int, int]] = deque()
+    ranges = chunk_ranges(total, pool.buffer_bytes)
+    taken = itertools.count()  # next() on it is atomic: each range goes to one worker
+    failed: list[BaseException] = []
 
-    def flush() -> None:
-        buffer, job, c0, c1 = queue.popleft()
-        try:
-            if job is not None:
-                job.result()
-            event = copy_async(buffer, c0, c1 - c0)
-        except BaseException:
-            pool.release(buffer)
-            raise
-        pool.release(buffer, event)
+    def work() -> None:
+        while not failed:
+            i = next(taken)
+            if i >= len(ranges):
+                return
+            c0, c1 = ranges[i]
+            buffer = pool.acquire()
+            try:
+                _fill(buffer, _pieces(flats, offsets, ends, c0, c1))
+                event = copy_async(buffer, c0, c1 - c0)
+            except BaseException as e:
+                pool.release(buffer)
+                failed.append(e)
+                raise
+            pool.release(buffer, event)
 
-    count = 0
+    jobs = []
+    if threads is not None and total >= PARALLEL_MIN_BYTES:
+        jobs = [threads.submit(work) for _ in range(min(helpers, len(ranges) - 1))]
     try:
-        for c0 in range(0, total, chunk):
-            c1 = min(c0 + chunk, total)
-            buffer = pool.try_acquire()
-            while buffer is None:  # all taken: send our own chunks first, so runs never wait on each other's
-                if queue:
-                    flush()
-                    buffer = pool.try_acquire()
-                else:
-                    buffer = pool.acquire()
-            pieces = _pieces(flats, offsets, ends, c0, c1)
-            if threads is not None and c1 - c0 >= PARALLEL_MIN_BYTES:
-                queue.append((buffer, threads.submit(_fill, buffer, pieces), c0, c1))
-            else:
-                try:
-                    _fill(buffer, pieces)
-                except BaseException:
-                    pool.release(buffer)
-                    raise
-                queue.append((buffer, None, c0, c1))
-            count += 1
-            if len(queue) >= depth:
-                flush()
-        while queue:
-            flush()
+        work()
     finally:
-        while queue:  # after a failure: wait for fills in progress, then give the buffers back unused
-            buffer, job, _, _ = queue.popleft()
-            if job is not None:
+        for job in jobs:  # not started: never will; started: wait for its range
+            if not job.cancel():
                 job.exception()
-            pool.release(buffer)
-    return count
+    if failed:
+        raise failed[0]
+    return len(ranges)

@@ -1,6 +1,7 @@
 """The CuPy (GPU) transfer executor: values arrive intact, small inputs packed and large ones chunked through the
-bounded page-locked pool, dedicated streams, per-run events, hand-off to CuPy and (where TensorFlow sees the GPU)
-to TensorFlow by DLPack, device-to-host copies, metrics. Marked ``gpu``: skipped where no GPU is visible."""
+bounded page-locked pool, dedicated streams, per-run events, copies that overlap the consumer's kernels without
+overwriting memory a kernel still reads, hand-off to CuPy and (where TensorFlow sees the GPU) to TensorFlow by
+DLPack, device-to-host copies, metrics. Marked ``gpu``: skipped where no GPU is visible."""
 
 from __future__ import annotations
 
@@ -22,6 +23,31 @@ def cp():
     import cupy
 
     return cupy
+
+
+# Waits `ns` nanoseconds of the GPU's clock, then copies n floats: a consumer kernel that is still running (or has
+# yet to read its input) while the test does something else.
+WAIT_THEN_COPY = r"""
+extern "C" __global__ void wait_then_copy(const float* src, float* dst, long long n, long long ns) {
+    unsigned long long start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    do {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    } while (now - start < (unsigned long long)ns);
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        dst[i] = src[i];
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def wait_then_copy(cp):
+    kernel = cp.RawKernel(WAIT_THEN_COPY, "wait_then_copy")
+
+    def launch(src, dst, seconds: float) -> None:
+        kernel((32,), (256,), (src, dst, np.int64(src.size), np.int64(int(seconds * 1e9))))
+
+    return launch
 
 
 @pytest.fixture(scope="module")
@@ -96,14 +122,68 @@ def test_small_inputs_share_one_staging_buffer_and_buffers_are_reused(cp):
         made.close()
 
 
-def test_each_run_has_its_own_completion_event(factory):
+def test_each_run_has_its_own_completion_event_that_the_consumer_waits_on(cp, factory):
     first, second = factory.create(), factory.create()
     a, b = first.schedule(np.ones(1000, np.float32)), second.schedule(np.zeros(1000, np.float32))
     first.run()
     second.run()
-    assert a._done is not b._done
-    a.result()
-    assert a._done.done  # waiting on a run's own event completes it
+    run_a, run_b = a._run, b._run
+    assert run_a.done is not run_b.done and run_a.block.ptr != run_b.block.ptr
+    consumer = cp.cuda.Stream(non_blocking=True)
+    with consumer:
+        a.result()
+    consumer.synchronize()
+    assert run_a.done.done  # the consumer's stream was made to wait on this run's event
+
+
+def test_copies_overlap_the_consumers_running_kernel(cp, factory, wait_then_copy):
+    consumer = cp.cuda.Stream(non_blocking=True)
+    host = np.random.default_rng(1).random(2_000_000).astype(np.float32)  # 8 MB: 8 chunks through 3 buffers
+    with consumer:
+        factory.to_device([host])  # staging buffers and device memory exist before the kernel starts
+        consumer.synchronize()
+        src = cp.ones(1024, cp.float32)
+        wait_then_copy(src, cp.empty_like(src), 0.5)
+        kernel_end = cp.cuda.Event(disable_timing=True)
+        kernel_end.record(consumer)
+        executor = factory.create()
+        future = executor.schedule(host)
+        executor.run()
+        future._run.done.synchronize()
+        assert not kernel_end.done  # this run's copies ended while the consumer's kernel still ran
+        result = future.result()
+    consumer.synchronize()
+    np.testing.assert_array_equal(cp.asnumpy(result), host)
+
+
+def test_a_block_a_kernel_still_reads_is_not_reused_under_it(cp, factory, wait_then_copy):
+    consumer = cp.cuda.Stream(non_blocking=True)
+    n = 1 << 20
+    with consumer:
+        (first,) = factory.to_device([np.full(n, 1.0, np.float32)])
+        dst = cp.zeros(n, cp.float32)
+        wait_then_copy(first, dst, 0.3)
+        del first  # the consumer drops its array while its kernel has yet to read it
+        later = [factory.to_device([np.full(n, 2.0, np.float32)])[0] for _ in range(3)]
+    consumer.synchronize()
+    assert float(dst.min()) == 1.0 and float(dst.max()) == 1.0
+    assert all(float(a.min()) == 2.0 for a in later)
+
+
+def test_dropped_blocks_go_back_to_cupys_pool(cp, factory):
+    pool = cp.get_default_memory_pool()
+    consumer = cp.cuda.Stream(non_blocking=True)
+    with consumer:
+        for _ in range(3):
+            factory.to_device([np.ones(1 << 18, np.float32)])
+            consumer.synchronize()
+        before = pool.total_bytes()
+        for i in range(50):
+            (array,) = factory.to_device([np.full(1 << 18, i, np.float32)])  # 1 MiB
+            assert float(array[-1]) == i
+            del array
+    consumer.synchronize()
+    assert pool.total_bytes() - before <= 2 << 20  # 50 MiB went through; the retired blocks were reused
 
 
 def test_concurrent_runs_get_their_own_values(cp, factory):
@@ -143,7 +223,7 @@ def test_session_callers_get_host_arrays_counted_under_the_gpu(factory):
 
 
 def test_hand_off_to_tensorflow_by_dlpack(cp):
-    import tensorflow as tf
+    tf = pytest.importorskip("tensorflow")
 
     from transfer.cupy_gpu import CupyTransferExecutorFactory
 

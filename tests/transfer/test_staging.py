@@ -1,15 +1,16 @@
 """Staging a run's inputs through the bounded buffer pool (transfer/staging.py), driven with host buffers: the
-GPU path's layout, packing, chunking, buffer reuse and bound, without CUDA."""
+GPU path's layout, packing, growing ranges, parallel fills, buffer reuse and bound, without CUDA."""
 
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
-from transfer.staging import ALIGN, StagingBuffer, StagingPool, layout, stage
+from transfer.staging import ALIGN, FIRST_CHUNK_BYTES, StagingBuffer, StagingPool, chunk_ranges, layout, stage
 
 
 class HostEvent:
@@ -24,15 +25,19 @@ class HostEvent:
 class HostDevice:
     """A 'device' buffer in host memory; ``copy_async`` copies a staging buffer into it as CUDA would."""
 
-    def __init__(self, total: int):
+    def __init__(self, total: int, copy_seconds: float = 0.0):
+        self.copy_seconds = copy_seconds  # how long enqueueing a copy takes: lets helper threads join in
         self.memory = np.full(total, 0xEE, np.uint8)
         self.copies: list[tuple[int, int]] = []
+        self.threads: set[int] = set()
         self.lock = threading.Lock()
 
     def copy_async(self, buffer: StagingBuffer, at: int, nbytes: int) -> HostEvent:
         with self.lock:
             self.memory[at : at + nbytes] = buffer.host[:nbytes]
             self.copies.append((at, nbytes))
+            self.threads.add(threading.get_ident())
+        time.sleep(self.copy_seconds)
         return HostEvent()
 
 
@@ -40,11 +45,11 @@ def host_alloc(nbytes: int) -> StagingBuffer:
     return StagingBuffer(np.empty(nbytes, np.uint8))
 
 
-def run(arrays, pool, threads=None, depth=2):
+def run(arrays, pool, threads=None, helpers=0, copy_seconds=0.0):
     flats = [np.ascontiguousarray(a).reshape(-1).view(np.uint8) for a in arrays]
     offsets, total = layout([f.size for f in flats])
-    device = HostDevice(total)
-    chunks = stage(flats, offsets, total, pool, device.copy_async, threads, depth)
+    device = HostDevice(total, copy_seconds)
+    chunks = stage(flats, offsets, total, pool, device.copy_async, threads, helpers)
     views = [
         device.memory[o : o + a.nbytes].view(a.dtype).reshape(a.shape) for a, o in zip(arrays, offsets, strict=True)
     ]
@@ -69,27 +74,45 @@ def test_many_small_inputs_travel_in_one_buffer_and_one_copy():
         np.testing.assert_array_equal(view, array)
 
 
-@pytest.mark.parametrize("threads", [None, 3])
-def test_a_large_input_goes_in_buffer_sized_chunks_through_a_bounded_pool(threads):
+def test_ranges_start_small_and_double_up_to_a_buffer():
+    mib = 1 << 20
+    assert chunk_ranges(100, 4 * mib) == [(0, 100)]
+    assert chunk_ranges(0, 4 * mib) == []
+    sizes = [c1 - c0 for c0, c1 in chunk_ranges(16 * mib, 4 * mib)]
+    assert sizes[:5] == [
+        FIRST_CHUNK_BYTES,
+        2 * FIRST_CHUNK_BYTES,
+        4 * FIRST_CHUNK_BYTES,
+        8 * FIRST_CHUNK_BYTES,
+        4 * mib,
+    ]
+    assert sum(sizes) == 16 * mib and max(sizes) == 4 * mib
+    assert chunk_ranges(3 * mib, 64 << 10) == [(o, o + (64 << 10)) for o in range(0, 3 * mib, 64 << 10)]
+
+
+@pytest.mark.parametrize("threads", [0, 3])
+def test_a_large_input_goes_in_ranges_through_a_bounded_pool(threads):
     pool = StagingPool(1 << 20, 3, host_alloc)
-    big = np.random.default_rng(0).random(3_000_000)  # 24 MB: 23 chunks of 1 MiB
+    big = np.random.default_rng(0).random(3_000_000)  # 24 MB
     head, tail = np.arange(10, dtype=np.int64), np.arange(7, dtype=np.complex64)
-    with ThreadPoolExecutor(threads) if threads else _none() as pool_threads:
-        views, device, chunks = run([head, big, tail], pool, pool_threads, depth=4)
-    assert chunks == len(device.copies) == -(-(big.nbytes + 2 * ALIGN) // (1 << 20))
-    assert pool.allocated == 3  # never more than the bound, however many chunks
+    with ThreadPoolExecutor(max(threads, 1)) as pool_threads:
+        views, device, chunks = run([head, big, tail], pool, pool_threads, helpers=threads, copy_seconds=0.002)
+    total = big.nbytes + 2 * ALIGN
+    assert chunks == len(device.copies) == len(chunk_ranges(total, 1 << 20))
+    assert pool.allocated <= 3  # never more than the bound, however many ranges
+    assert len(device.threads) > 1 if threads else device.threads == {threading.get_ident()}  # parallel fills
     for view, array in zip(views, [head, big, tail], strict=True):
         np.testing.assert_array_equal(view, array)
     covered = sorted(device.copies)
     assert covered[0][0] == 0 and all(a + n == b for (a, n), (b, _) in zip(covered, covered[1:], strict=False))
+    assert covered[-1][0] + covered[-1][1] == total
 
 
-class _none:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
+def test_a_small_run_is_staged_by_its_caller_alone():
+    pool = StagingPool(1 << 20, 3, host_alloc)
+    with ThreadPoolExecutor(3) as pool_threads:
+        _, device, _ = run([np.ones(1000, np.float32)] * 20, pool, pool_threads, helpers=3)
+    assert device.threads == {threading.get_ident()}
 
 
 def test_buffers_are_reused_across_runs_after_their_copy_ended():
@@ -117,7 +140,7 @@ def test_concurrent_runs_share_a_small_pool_without_deadlock():
         try:
             for k in range(20):
                 arrays = [np.full(700 + k, seed, np.int16), np.full(900, -seed, np.int64)]
-                views, _, _ = run(arrays, pool, depth=3)
+                views, _, _ = run(arrays, pool)
                 for view, array in zip(views, arrays, strict=True):
                     np.testing.assert_array_equal(view, array)
         except Exception as e:  # pragma: no cover - reported below
@@ -139,10 +162,10 @@ def test_a_failed_copy_gives_its_buffers_back():
     def fail(buffer, at, nbytes):
         raise RuntimeError("copy failed")
 
-    flats = [np.zeros(5000, np.uint8)]
-    offsets, total = layout([5000])
-    with pytest.raises(RuntimeError, match="copy failed"):
-        stage(flats, offsets, total, pool, fail, None, depth=2)
+    flats = [np.zeros(6 << 20, np.uint8)]
+    offsets, total = layout([6 << 20])
+    with ThreadPoolExecutor(2) as threads, pytest.raises(RuntimeError, match="copy failed"):
+        stage(flats, offsets, total, pool, fail, threads, helpers=2)
     assert pool.try_acquire() is not None and pool.try_acquire() is not None  # both came back
     assert pool.try_acquire() is None
 
