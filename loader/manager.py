@@ -9,6 +9,8 @@ Lifecycle, as TensorFlow Serving's, without its faults:
 - Per model, the version policy picks the versions to serve among those on disk that are not known bad. A new
   version serves before an old one unloads (availability-preserving), and an old version unloads only once its
   in-flight requests have finished (each request holds a lease from ``acquire`` to ``release``).
+- A version that was unloaded stays in the status as END (TensorFlow Serving's ServableStateMonitor keeps it so),
+  until its number loads again or the model leaves the config; the last MAX_ENDED per model are kept.
 - A version that fails to load is kept as END with its error (GetModelStatus shows it), never disturbs the served
   versions, and is retried up to ``max_num_load_retries`` times, ``load_retry_interval_s`` apart, and again
   whenever its folder's files change (a folder still being copied).
@@ -34,6 +36,8 @@ S = TypeVar("S")
 
 # TensorFlow Serving's ModelVersionStatus.State names.
 LOADING, AVAILABLE, UNLOADING, END = "LOADING", "AVAILABLE", "UNLOADING", "END"
+# Unloaded versions a model's status keeps showing (as END), the most recently unloaded first.
+MAX_ENDED = 64
 
 
 def folder_fingerprint(path: str) -> tuple:
@@ -75,6 +79,14 @@ class _Model(Generic[S]):
     # Failed reloads of a version number whose copy from an older base path still serves: their attempts,
     # retry time and fingerprint bound the retries as for any failed load.
     failed_reloads: dict[int, ServedVersion[S]] = field(default_factory=dict)
+    # Versions taken out of service (UNLOADING until their last request ends, then END), for the status only.
+    ended: dict[int, ServedVersion[S]] = field(default_factory=dict)
+
+    def end(self, sv: ServedVersion[S]) -> None:
+        self.ended.pop(sv.version, None)
+        self.ended[sv.version] = sv
+        while len(self.ended) > MAX_ENDED:
+            del self.ended[next(iter(self.ended))]
 
     def available(self) -> list[int]:
         return sorted(v for v, sv in self.versions.items() if sv.state == AVAILABLE)
@@ -236,6 +248,7 @@ class ModelManager(Generic[S]):
         if not replacing:
             with self._lock:
                 model.versions[version] = sv
+                model.ended.pop(version, None)
         log.info("model %r version %d: loading from %s", name, version, path)
         start = time.monotonic()
         try:
@@ -291,6 +304,7 @@ class ModelManager(Generic[S]):
             model = self._models.get(sv.name)
             if model is not None and model.versions.get(sv.version) is sv:
                 del model.versions[sv.version]
+                model.end(sv)
             close_now = sv.inflight == 0
             if sv.state == AVAILABLE:
                 sv.state = UNLOADING
@@ -369,7 +383,8 @@ class ModelManager(Generic[S]):
     # -- status ---------------------------------------------------------------------------------------
 
     def statuses(self, name: str, version: int | None = None, label: str = "") -> list[ServedVersion[S]]:
-        """Every known version of ``name`` (loading, available, failed), lowest first, or the one asked for."""
+        """Every known version of ``name`` (loading, available, failed, unloaded), lowest first, or the one asked
+        for."""
         with self._lock:
             model = self._model(name)
             if label:
@@ -377,12 +392,13 @@ class ModelManager(Generic[S]):
                     labels = ", ".join(f"{k}={v}" for k, v in sorted(model.spec.labels.items())) or "none"
                     raise InvalidArgument(f"model {name!r} has no version label {label!r} (labels: {labels})")
                 version = model.spec.labels[label]
+            known = {**model.ended, **model.versions}
             if version is not None:
-                sv = model.versions.get(version)
+                sv = known.get(version)
                 if sv is None:
-                    raise NotFound(f"model {name!r} has no version {version} (known: {sorted(model.versions)})")
+                    raise NotFound(f"model {name!r} has no version {version} (known: {sorted(known)})")
                 return [sv]
-            return [sv for _, sv in sorted(model.versions.items())]
+            return [sv for _, sv in sorted(known.items())]
 
     def is_served(self, name: str) -> bool:
         return name in self._models

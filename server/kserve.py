@@ -24,7 +24,7 @@ from google.protobuf import json_format
 
 from loader.config import ModelSpec
 from loader.errors import FailedPrecondition, InvalidArgument, NotFound, ServingError, Unimplemented
-from loader.manager import AVAILABLE, LOADING, UNLOADING
+from loader.manager import AVAILABLE, END, LOADING, UNLOADING
 from protos.inference import grpc_service_pb2 as pb
 from protos.inference import grpc_service_pb2_grpc as pb_grpc
 from server import tensors, v2_config, v2_stats, v2_types
@@ -322,7 +322,7 @@ class RepositoryService(_ServerCalls, pb_grpc.GRPCInferenceServiceServicer):
                 state = _INDEX_STATES.get(sv.state, "UNAVAILABLE")
                 if request.ready and state != "READY":
                     continue
-                reason = sv.error.message if sv.error is not None else ""
+                reason = sv.error.message if sv.error is not None else "unloaded" if sv.state == END else ""
                 response.models.add(name=name, version=str(sv.version), state=state, reason=reason)
         if not request.ready:
             for name in sorted(self.unloaded):

@@ -177,7 +177,8 @@ def test_new_version_appears_under_load_without_a_failed_request(start_daemon, t
             t.join(30)
     assert failures == []
     assert (1, 3.0) in answers and answers[-1] == (2, 4.0)  # half_plus_two, then half_plus_three
-    wait_for(lambda: status(daemon.channel, "m") == {2: (AVAILABLE, 0, "")}, what="version 1 to unload")
+    # version 1 unloads and stays in the status as END, with an OK status, as in TensorFlow Serving
+    wait_for(lambda: status(daemon.channel, "m") == {1: (END, 0, ""), 2: (AVAILABLE, 0, "")}, what="v1 to unload")
 
 
 @pytest.mark.parametrize("broken", ["bad_half_plus_two", "truncated_variables"])

@@ -188,7 +188,34 @@ def test_removed_version_folder_unloads_on_the_next_poll(manager, rec, tmp_path)
     assert manager.poll() == []
     assert rec.events == [("make", "m", 2), ("close", "m", 3)]  # latest is 2 now; 2 serves before 3 goes
     assert manager.get("m").version == 2
-    assert [sv.version for sv in manager.statuses("m")] == [2]
+    assert [(sv.version, sv.state) for sv in manager.statuses("m")] == [(2, AVAILABLE), (3, END)]  # as TF Serving
+    assert manager.statuses("m", 3)[0].state == END and manager.statuses("m", 3)[0].error is None
+
+
+def test_an_unloaded_version_stays_in_the_status_as_end_until_it_loads_again(manager, rec, tmp_path):
+    base = model_dir(tmp_path / "m", 1, 2)
+    manager.apply_config([spec("m", base)])
+    shutil.rmtree(base / "2")
+    manager.poll()
+    assert [(sv.version, sv.state) for sv in manager.statuses("m")] == [(1, AVAILABLE), (2, END)]
+    with pytest.raises(NotFound, match="has no version 2"):
+        manager.get("m", 2)  # END is for the status; requests get NOT_FOUND
+    add_version(base, 2)
+    manager.poll()
+    assert [(sv.version, sv.state) for sv in manager.statuses("m")] == [(1, END), (2, AVAILABLE)]
+    assert manager.get("m", 2).servable is rec.made[-1]
+
+
+def test_the_status_keeps_the_last_max_ended_unloaded_versions(manager, tmp_path, monkeypatch):
+    from loader import manager as manager_module
+
+    monkeypatch.setattr(manager_module, "MAX_ENDED", 3)
+    base = model_dir(tmp_path / "m", 1)
+    manager.apply_config([spec("m", base)])
+    for version in range(2, 7):  # each new version unloads the one before
+        add_version(base, version)
+        manager.poll()
+    assert [(sv.version, sv.state) for sv in manager.statuses("m")] == [(3, END), (4, END), (5, END), (6, AVAILABLE)]
 
 
 def test_removed_version_folder_unloads_under_policy_all(manager, rec, tmp_path):

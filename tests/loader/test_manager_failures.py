@@ -87,7 +87,7 @@ def test_retries_are_bounded_then_resume_when_the_files_change(manager, rec, tmp
     assert manager.poll() == []
     assert rec.attempts("m", 3) == 4
     assert manager.get("m").version == 3
-    assert [(sv.version, sv.state) for sv in manager.statuses("m")] == [(3, AVAILABLE)]
+    assert [(sv.version, sv.state) for sv in manager.statuses("m")] == [(2, END), (3, AVAILABLE)]  # 2 unloaded
     assert closed_versions(rec) == [2]
 
 
