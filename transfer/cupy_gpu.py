@@ -14,8 +14,8 @@ can come back while the next run's inputs go in.
 A run's device block is allocated on the host-to-device stream and is its own until the consumer has dropped
 every array handed to it: then an event is recorded on each stream the arrays were handed to, and the block goes
 back to CuPy's pool only once those events are done (what PyTorch's ``record_stream`` does), so a later run's
-copies never overwrite memory a kernel still reads. A block handed to TensorFlow, whose streams CuPy cannot see,
-goes back after a device synchronize at the next run.
+copies never overwrite memory a kernel still reads. Blocks handed to TensorFlow, whose streams CuPy cannot see,
+go back together after one device synchronize once they hold TENSORFLOW_RETIRED_BYTES (or blocks).
 
 Feeding a TensorFlow Session (what GraphExecutor and the variable store do) is the exception, handled by
 ``transfer``: a Session takes host memory only (``feed_dict`` rejects a ``tf.Tensor`` with TypeError, and a session
@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -87,22 +88,28 @@ def on_gpu(array: np.ndarray) -> bool:
 
 # Where a block handed to TensorFlow was used: streams CuPy cannot see, so its retirement waits for the device.
 _TENSORFLOW = "tensorflow"
+# Blocks retired that way are kept until they add up to this many bytes (or blocks), then freed after one device
+# synchronize: not one synchronize per run, which would undo the overlap of copies and compute.
+TENSORFLOW_RETIRED_BYTES = 256 << 20
+TENSORFLOW_RETIRED_BLOCKS = 64
 
 
 class RunBlock:
     """One run's device block, alive while any array of that run is: the owner of the CuPy memory the arrays view.
 
     When the last array is dropped, the block is retired on the factory with the streams it was handed to
-    (``used_on``), whose work on it must end before the memory is reused."""
+    (``used_on``), whose work on it must end before the memory is reused. The streams are held by weak reference:
+    an array and its stream dropped together in a garbage cycle are finalized in any order, and CuPy destroys a
+    stream's handle in its ``__del__``; a stream already gone makes the retirement wait for the device instead."""
 
     __slots__ = ("block", "factory", "done", "used_on")
 
     def __init__(self, block, factory: CupyTransferExecutorFactory, done):
         self.block, self.factory, self.done = block, factory, done
-        self.used_on: dict = {}  # stream pointer (or _TENSORFLOW) -> stream
+        self.used_on: dict = {}  # stream pointer (or _TENSORFLOW) -> weak reference to the stream (or _TENSORFLOW)
 
     def use_on(self, stream) -> None:
-        self.used_on[getattr(stream, "ptr", stream)] = stream
+        self.used_on[getattr(stream, "ptr", stream)] = stream if stream is _TENSORFLOW else weakref.ref(stream)
 
     def __del__(self):
         self.factory.retire(self.block, list(self.used_on.values()))
@@ -218,12 +225,13 @@ class CupyTransferExecutorFactory(H2DTransferExecutorFactory):
 
             last = []
 
-            def copy_async(buffer: StagingBuffer, at: int, nbytes: int):
-                cp.cuda.runtime.memcpyAsync(
-                    base + at, buffer.ptr, nbytes, cp.cuda.runtime.memcpyHostToDevice, stream.ptr
-                )
-                event = cp.cuda.Event(disable_timing=True)
-                event.record(stream)
+            def copy_async(buffer: StagingBuffer, at: int, nbytes: int):  # also on copy threads: set the device
+                with self.cuda_device:
+                    cp.cuda.runtime.memcpyAsync(
+                        base + at, buffer.ptr, nbytes, cp.cuda.runtime.memcpyHostToDevice, stream.ptr
+                    )
+                    event = cp.cuda.Event(disable_timing=True)
+                    event.record(stream)
                 last.append(event)
                 return event
 
@@ -256,27 +264,30 @@ class CupyTransferExecutorFactory(H2DTransferExecutorFactory):
         return view
 
     def retire(self, block, used_on: list) -> None:
-        """A run's block whose arrays are all dropped: reusable once the streams that used it are past it."""
+        """A run's block whose arrays are all dropped: reusable once the streams that used it are past it (an event
+        on each), or after a device synchronize where one is unknown or gone."""
         try:
-            if any(s is _TENSORFLOW for s in used_on):
+            streams = [ref if ref is _TENSORFLOW else ref() for ref in used_on]
+            if any(s is _TENSORFLOW or s is None for s in streams):
                 self._retiring.append((block, None))
                 return
             events = []
             with self.cuda_device:
-                for stream in used_on:
+                for stream in streams:
                     event = self._cp.cuda.Event(disable_timing=True)
                     event.record(stream)
                     events.append(event)
             self._retiring.append((block, events))
-        except Exception:  # at interpreter exit CUDA may be gone; the memory goes with the process
-            log.debug("%s: could not retire a device block", self.device, exc_info=True)
+        except Exception:  # never free it under a kernel: the next run's reclaim waits for the device first
+            self._retiring.append((block, None))
+            log.debug("%s: could not record a retired block's events", self.device, exc_info=True)
 
     def _reclaim(self) -> None:
         """Give back to CuPy's pool the retired blocks no stream uses any more (dropping the last reference)."""
         retiring = self._retiring
         if not retiring:
             return
-        after_device = []  # kept referenced until the device is past them
+        after_device = []  # retired where streams are unknown: kept referenced until the device is past them
         for _ in range(len(retiring)):
             try:
                 item = retiring.popleft()
@@ -287,8 +298,13 @@ class CupyTransferExecutorFactory(H2DTransferExecutorFactory):
                 after_device.append(item)
             elif not all(e.done for e in events):
                 retiring.append(item)
-        if after_device:
-            self.cuda_device.synchronize()
+        if not after_device:
+            return
+        held = sum(block.mem.size for block, _ in after_device)
+        if held < TENSORFLOW_RETIRED_BYTES and len(after_device) < TENSORFLOW_RETIRED_BLOCKS:
+            retiring.extend(after_device)  # not worth a device synchronize yet
+            return
+        self.cuda_device.synchronize()
 
     def to_host(self, arrays: Sequence) -> list[np.ndarray]:
         """Device arrays back to NumPy on the device-to-host stream, after the consumer's work on them."""

@@ -101,7 +101,11 @@ class StagingPool:
                     self._cond.notify()
                 raise
         if event is not None:
-            event.synchronize()  # the copy that last read this buffer has finished
+            try:
+                event.synchronize()  # the copy that last read this buffer has finished
+            except BaseException:
+                self.release(buffer)  # not lost to the pool: the next taker waits on nothing it could
+                raise
         return buffer
 
     def release(self, buffer: StagingBuffer, event=None) -> None:
@@ -155,7 +159,9 @@ def stage(
     ``helpers`` workers on ``threads``, so ranges are filled in parallel while earlier ones are copied (a worker
     holds one buffer at a time: runs sharing the pool never deadlock). Returns the number of ranges."""
     ends = [o + f.size for o, f in zip(offsets, flats, strict=True)]
-    ranges = chunk_ranges(total, pool.buffer_bytes)
+    parallel = threads is not None and helpers > 0 and total >= PARALLEL_MIN_BYTES
+    # Alone, a worker gains nothing from small first ranges: buffer-sized ones make fewer copies.
+    ranges = chunk_ranges(total, pool.buffer_bytes, FIRST_CHUNK_BYTES if parallel else pool.buffer_bytes)
     taken = itertools.count()  # next() on it is atomic: each range goes to one worker
     failed: list[BaseException] = []
 
@@ -165,25 +171,25 @@ def stage(
             if i >= len(ranges):
                 return
             c0, c1 = ranges[i]
-            buffer = pool.acquire()
+            buffer = None
             try:
+                buffer = pool.acquire()
                 _fill(buffer, _pieces(flats, offsets, ends, c0, c1))
                 event = copy_async(buffer, c0, c1 - c0)
             except BaseException as e:
-                pool.release(buffer)
-                failed.append(e)
+                if buffer is not None:
+                    pool.release(buffer)
+                failed.append(e)  # stops the other workers; the range is not copied
                 raise
             pool.release(buffer, event)
 
-    jobs = []
-    if threads is not None and total >= PARALLEL_MIN_BYTES:
-        jobs = [threads.submit(work) for _ in range(min(helpers, len(ranges) - 1))]
+    jobs = [threads.submit(work) for _ in range(min(helpers, len(ranges) - 1))] if parallel else []
     try:
         work()
     finally:
         for job in jobs:  # not started: never will; started: wait for its range
             if not job.cancel():
                 job.exception()
-    if failed:
+    if failed:  # a helper's failure too: some range was never copied
         raise failed[0]
     return len(ranges)

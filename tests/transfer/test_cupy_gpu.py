@@ -122,18 +122,49 @@ def test_small_inputs_share_one_staging_buffer_and_buffers_are_reused(cp):
         made.close()
 
 
-def test_each_run_has_its_own_completion_event_that_the_consumer_waits_on(cp, factory):
+def test_each_run_has_its_own_completion_event(factory):
     first, second = factory.create(), factory.create()
     a, b = first.schedule(np.ones(1000, np.float32)), second.schedule(np.zeros(1000, np.float32))
     first.run()
     second.run()
-    run_a, run_b = a._run, b._run
-    assert run_a.done is not run_b.done and run_a.block.ptr != run_b.block.ptr
+    assert a._run.done is not b._run.done and a._run.block.ptr != b._run.block.ptr
+
+
+def test_the_consumers_stream_waits_for_the_runs_copies(cp, factory, wait_then_copy):
+    blocker = cp.cuda.Stream(non_blocking=True)
+    with blocker:
+        src = cp.ones(16, cp.float32)
+        wait_then_copy(src, cp.empty_like(src), 0.3)
+        held = cp.cuda.Event(disable_timing=True)
+        held.record(blocker)
+    factory.h2d_stream.wait_event(held)  # the next run's copies land only after 0.3 s
+    host = np.arange(1 << 16, dtype=np.float32)
     consumer = cp.cuda.Stream(non_blocking=True)
     with consumer:
-        a.result()
+        executor = factory.create()
+        future = executor.schedule(host)
+        executor.run()
+        view = future.result()  # the host does not wait; the consumer's stream must
+        out = cp.zeros_like(view)
+        wait_then_copy(view, out, 0.0)  # reads the view at once, on the consumer's stream
     consumer.synchronize()
-    assert run_a.done.done  # the consumer's stream was made to wait on this run's event
+    np.testing.assert_array_equal(cp.asnumpy(out), host)
+
+
+def test_arrays_dropped_with_their_stream_in_a_garbage_cycle(cp, factory):
+    import gc
+
+    for i in range(200):
+        consumer = cp.cuda.Stream(non_blocking=True)
+        with consumer:
+            (array,) = factory.to_device([np.full(1000, i, np.float32)])
+        cycle = {"stream": consumer, "array": array}
+        cycle["self"] = cycle  # the collector finalizes the stream and the array's block in any order
+        del consumer, array, cycle
+        if i % 10 == 9:
+            gc.collect()
+    (check,) = factory.to_device([np.ones(10, np.float32)])
+    assert float(check.sum()) == 10  # the process is alive and the path still works
 
 
 def test_copies_overlap_the_consumers_running_kernel(cp, factory, wait_then_copy):

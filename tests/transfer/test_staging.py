@@ -98,7 +98,8 @@ def test_a_large_input_goes_in_ranges_through_a_bounded_pool(threads):
     with ThreadPoolExecutor(max(threads, 1)) as pool_threads:
         views, device, chunks = run([head, big, tail], pool, pool_threads, helpers=threads, copy_seconds=0.002)
     total = big.nbytes + 2 * ALIGN
-    assert chunks == len(device.copies) == len(chunk_ranges(total, 1 << 20))
+    first = FIRST_CHUNK_BYTES if threads else 1 << 20  # alone, the caller copies buffer-sized ranges
+    assert chunks == len(device.copies) == len(chunk_ranges(total, 1 << 20, first))
     assert pool.allocated <= 3  # never more than the bound, however many ranges
     assert len(device.threads) > 1 if threads else device.threads == {threading.get_ident()}  # parallel fills
     for view, array in zip(views, [head, big, tail], strict=True):
@@ -168,6 +169,33 @@ def test_a_failed_copy_gives_its_buffers_back():
         stage(flats, offsets, total, pool, fail, threads, helpers=2)
     assert pool.try_acquire() is not None and pool.try_acquire() is not None  # both came back
     assert pool.try_acquire() is None
+
+
+def test_a_helpers_failure_fails_the_run():
+    caller = threading.get_ident()
+
+    def fails_on_helpers(nbytes):
+        if threading.get_ident() != caller:
+            raise MemoryError("no pinned memory on a copy thread")
+        return host_alloc(nbytes)
+
+    pool = StagingPool(1 << 20, 8, fails_on_helpers)
+    device = HostDevice(8 << 20, copy_seconds=0.002)  # slow copies: the helpers take ranges
+    with ThreadPoolExecutor(3) as threads, pytest.raises(MemoryError, match="copy thread"):
+        stage([np.ones(8 << 20, np.uint8)], [0], 8 << 20, pool, device.copy_async, threads, helpers=3)
+    assert pool.allocated == len(pool._free)  # every buffer made came back
+
+
+def test_a_buffer_whose_wait_fails_goes_back_to_the_pool():
+    class BrokenEvent:
+        def synchronize(self):
+            raise RuntimeError("cudaErrorLaunchFailure")
+
+    pool = StagingPool(1024, 1, host_alloc)
+    pool.release(pool.acquire(), BrokenEvent())
+    with pytest.raises(RuntimeError, match="LaunchFailure"):
+        pool.acquire()
+    assert pool.try_acquire() is not None  # the one buffer is not lost
 
 
 def test_a_failed_allocation_does_not_use_up_the_bound():
