@@ -108,11 +108,11 @@ class ModelManager(Generic[S]):
         *,
         max_num_load_retries: int = 5,
         load_retry_interval_s: float = 60.0,
-        on_load: Callable[[str, int, bool, float], None] | None = None,
+        on_load: Callable[[str, int, bool, float, str], None] | None = None,
     ):
         self._make = make_servable
-        # Told of every load attempt's outcome: (name, version, succeeded, seconds); for metrics.
-        self._on_load = on_load or (lambda name, version, ok, seconds: None)
+        # Told of every load attempt's outcome: (name, version, succeeded, seconds, the version's path); for metrics.
+        self._on_load = on_load or (lambda name, version, ok, seconds, path: None)
         self._close = close_servable
         self.max_num_load_retries = max_num_load_retries
         self.load_retry_interval_s = load_retry_interval_s
@@ -264,13 +264,13 @@ class ModelManager(Generic[S]):
                 if replacing:  # the old files keep serving; the failure is reported by the problems
                     model.versions[version].error = error
                     model.failed_reloads[version] = sv
-            self._on_load(name, version, False, time.monotonic() - start)
+            self._on_load(name, version, False, time.monotonic() - start, path)
             log.error(
                 "model %r version %d failed to load after %.2fs (attempt %d, %d retries left): %s",
                 name, version, time.monotonic() - start, sv.attempts, retries_left, error.message,
             )  # fmt: skip
             return
-        self._on_load(name, version, True, time.monotonic() - start)
+        self._on_load(name, version, True, time.monotonic() - start, path)
         with self._lock:
             closed = self._closed
             if not closed:

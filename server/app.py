@@ -442,6 +442,7 @@ class _Ports:
                 reuse_port=settings.process_group_size > 1,
                 prometheus_path=settings.prometheus_rest_path,
                 cors=settings.rest_api_enable_cors_support,
+                batching=settings.enable_batching,
             )
             try:
                 await self.rest.start()

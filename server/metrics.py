@@ -12,6 +12,7 @@ import os
 
 import prometheus_client
 from prometheus_client import Counter, Histogram
+from prometheus_client.core import HistogramMetricFamily, Metric
 
 from executor.statistics import statistics
 
@@ -118,64 +119,180 @@ TF_SERVING_APIS = {
 
 
 class TFServingNames:
-    """TensorFlow Serving's request metrics under its own names, made at scrape time from servex's (``source``, a
-    registry), so that dashboards and alerts written for TensorFlow Serving's monitoring endpoint keep working:
+    """TensorFlow Serving's metrics under its own names, made at scrape time from servex's (``source``, a registry),
+    so that dashboards and alerts written for TensorFlow Serving's monitoring endpoint keep working. Nothing is
+    added on the request path: the figures are servex's own, renamed, regrouped and scaled to microseconds.
+    TensorFlow's counters are exposed untyped: prometheus_client names a counter's samples ``..._total``, and
+    TensorFlow Serving's have no suffix; PromQL treats both alike. Histograms keep servex's buckets, scaled (TensorFlow
+    Serving's are powers of 1.8 from 10 µs; ``histogram_quantile`` works on either, a query naming one of its ``le``
+    values does not).
 
     - ``:tensorflow:serving:request_count{model_name, status}``: ``servex_requests_total`` of the Predict,
-      Classify and Regress calls (gRPC and REST), by model and status code. Exposed untyped: prometheus_client
-      names a counter's samples ``..._total``, and TensorFlow Serving's have no suffix; PromQL treats both alike;
-    - ``:tensorflow:serving:request_latency{model_name, API, entrypoint}``: a histogram in microseconds, from
-      ``servex_request_latency_seconds`` of the same calls (servex's buckets, scaled; errors included, where
-      TensorFlow Serving times successes only).
+      Classify and Regress calls (gRPC and REST), by model and status code;
+    - ``:tensorflow:serving:request_latency{model_name, API, entrypoint}``: from ``servex_request_latency_seconds``
+      of the same calls (errors included, where TensorFlow Serving times successes only; recent TensorFlow Serving
+      also labels it by ``status``, which servex's histogram does not have);
+    - ``:tensorflow:serving:runtime_latency{model_name, API, runtime}``: the model runtime's time per request, from
+      ``servex_run_seconds`` (the graph run of the request, of its whole batch when batched, as TensorFlow
+      Serving's ``Session::Run`` is). ``runtime`` is ``TF1``, as TensorFlow Serving names a ``Session`` (servex
+      runs a ``tf.compat.v1.Session``'s callables). servex's histogram is labelled by model, version, signature
+      and priority, not by API, so ``API`` comes from ``servex_requests_total``: the methods whose calls ran that
+      model version's signature at that priority. Predict, Classify or Regress (gRPC or REST) alone give that
+      name; where other calls ran it too (KServe ModelInfer, MultiInference, ...) the runs cannot be told apart,
+      and ``API`` names them all, sorted and joined by ``+`` (``ModelInfer+Predict``): the label of such a series
+      changes when another kind of call first runs it. Runs that no Predict, Classify or Regress call made are
+      left out, as TensorFlow Serving has no such calls (warm-up runs, which TensorFlow Serving counts too, are
+      in from the first call that runs their signature). Versions and priorities are summed. Failed runs are
+      counted, where TensorFlow Serving times successes only; the wait in servex's queue before the run is not
+      (see below), where TensorFlow Serving's ``Session::Run`` with batching on includes its batch queue;
+    - ``:tensorflow:serving:batching_session:queuing_latency{thread_pool_name}``, only with batching on (TensorFlow
+      Serving has it only then): ``servex_queue_wait_seconds`` of every run, from its arrival in the RunHandler's
+      queue to the start of its (batched) run, as TensorFlow Serving's batching session times a task from its
+      enqueue to its batch's dequeue; ``thread_pool_name`` is ``""``, as in TensorFlow Serving's model server.
+      Requests dropped from the queue (deadline passed, cancelled) are not in it, where TensorFlow Serving counts
+      timed-out tasks of a batch;
+    - ``:tensorflow:cc:saved_model:load_attempt_count{model_path, status}``: version loads by path (the version's
+      folder, as TensorFlow's ``export_dir``) and ``success`` / ``fail``: ``servex_model_load_seconds_count``
+      and ``servex_model_load_failures_total``;
+    - ``:tensorflow:cc:saved_model:load_latency{model_path}``: the microseconds those loads took, in all
+      (``servex_model_load_seconds_sum``). TensorFlow adds failed attempts' time as well (its help text says
+      successful loads only); servex does not record how long a failed load took. A servex load is not
+      TensorFlow's ``LoadSavedModel`` alone: it reads variables lazily (later, not in the load) and includes the
+      version's warm-up, which TensorFlow Serving runs after ``LoadSavedModel``. With ``--serving_processes`` N
+      each process loads every version: N attempts per version.
+    """
 
-    Nothing is added on the request path: the figures are servex's own, renamed."""
-
-    def __init__(self, source):
+    def __init__(self, source, batching: bool = False):
         self.source = source
+        self.batching = batching  # servex's --enable_batching: TensorFlow Serving has a batching queue only then
 
     def collect(self):
-        from prometheus_client.core import HistogramMetricFamily, Metric
-
-        counts: dict[tuple[str, str], float] = {}
-        buckets: dict[tuple[str, str, str], dict[str, float]] = {}
-        sums: dict[tuple[str, str, str], float] = {}
+        families: dict[str, list] = {}  # servex's samples by family name
         for family in self.source.collect():
-            if family.name == "servex_requests":
-                for sample in family.samples:
-                    if sample.name == "servex_requests_total" and sample.labels["method"] in TF_SERVING_APIS:
-                        key = (sample.labels["model"], sample.labels["code"])
-                        counts[key] = counts.get(key, 0.0) + sample.value
-            elif family.name == "servex_request_latency_seconds":
-                for sample in family.samples:
-                    api = TF_SERVING_APIS.get(sample.labels.get("method", ""))
-                    if api is None:
-                        continue
-                    key = (sample.labels["model"], *api)
-                    if sample.name.endswith("_bucket"):
-                        cumulative = buckets.setdefault(key, {})
-                        cumulative[sample.labels["le"]] = cumulative.get(sample.labels["le"], 0.0) + sample.value
-                    elif sample.name.endswith("_sum"):
-                        sums[key] = sums.get(key, 0.0) + sample.value
+            families.setdefault(family.name, []).extend(family.samples)
+        yield from self._requests(families)
+        yield self._runtime_latency(families)
+        if self.batching:
+            yield _microseconds(
+                ":tensorflow:serving:batching_session:queuing_latency",
+                "Distribution of wall time spent (in microseconds) in queuing",
+                ["thread_pool_name"],
+                families.get("servex_queue_wait_seconds", ()),
+                lambda labels: ("",),
+            )
+        yield from self._loads(families)
+
+    @staticmethod
+    def _requests(families):
+        counts: dict[tuple[str, str], float] = {}
+        for sample in families.get("servex_requests", ()):
+            if sample.name == "servex_requests_total" and sample.labels["method"] in TF_SERVING_APIS:
+                key = (sample.labels["model"], sample.labels["code"])
+                counts[key] = counts.get(key, 0.0) + sample.value
         count = Metric(":tensorflow:serving:request_count", "The total number of requests.", "unknown")
         for (model, status), value in sorted(counts.items()):
             count.add_sample(":tensorflow:serving:request_count", {"model_name": model, "status": status}, value)
         yield count
-        latency = HistogramMetricFamily(
+
+        def api(labels):
+            found = TF_SERVING_APIS.get(labels.get("method", ""))
+            return None if found is None else (labels["model"], *found)
+
+        yield _microseconds(
             ":tensorflow:serving:request_latency",
             "Distribution of wall time (in microseconds) for Tensorflow Serving request.",
-            labels=["model_name", "API", "entrypoint"],
+            ["model_name", "API", "entrypoint"],
+            families.get("servex_request_latency_seconds", ()),
+            api,
         )
-        for key, cumulative in sorted(buckets.items()):
-            ordered = sorted(cumulative.items(), key=lambda item: float(item[0]))  # "+Inf" sorts last
-            scaled = [(le if le == "+Inf" else repr(round(float(le) * 1e6, 3)), value) for le, value in ordered]
-            latency.add_metric(list(key), buckets=scaled, sum_value=sums.get(key, 0.0) * 1e6)
-        yield latency
+
+    @staticmethod
+    def _runtime_latency(families):
+        # The methods whose calls ran each (model, version, signature, priority): TensorFlow Serving's API names for
+        # its own, servex's method names for the others.
+        methods: dict[tuple[str, str, str, str], set[str]] = {}
+        for sample in families.get("servex_requests", ()):
+            labels = sample.labels
+            if sample.name == "servex_requests_total" and labels.get("signature"):
+                key = (labels["model"], labels["version"], labels["signature"], labels["priority"])
+                api = TF_SERVING_APIS.get(labels["method"])
+                methods.setdefault(key, set()).add(labels["method"] if api is None else api[0])
+        tf_serving = {api for api, _entrypoint in TF_SERVING_APIS.values()}
+
+        def api(labels):
+            names = methods.get((labels["model"], labels["version"], labels["signature"], labels["priority"]))
+            if not names or names.isdisjoint(tf_serving):
+                return None
+            return labels["model"], "+".join(sorted(names)), "TF1"
+
+        return _microseconds(
+            ":tensorflow:serving:runtime_latency",
+            "Distribution of wall time (in microseconds) for Tensorflow runtime.",
+            ["model_name", "API", "runtime"],
+            families.get("servex_run_seconds", ()),
+            api,
+        )
+
+    @staticmethod
+    def _loads(families):
+        attempts: dict[tuple[str, str], float] = {}
+        latency: dict[str, float] = {}
+        for sample in families.get("servex_model_load_seconds", ()):
+            path = sample.labels.get("model_path", "")
+            if sample.name == "servex_model_load_seconds_count":
+                attempts[(path, "success")] = attempts.get((path, "success"), 0.0) + sample.value
+            elif sample.name == "servex_model_load_seconds_sum":
+                latency[path] = latency.get(path, 0.0) + sample.value * 1e6
+        for sample in families.get("servex_model_load_failures", ()):
+            if sample.name == "servex_model_load_failures_total":
+                path = sample.labels.get("model_path", "")
+                attempts[(path, "fail")] = attempts.get((path, "fail"), 0.0) + sample.value
+                latency.setdefault(path, 0.0)  # TensorFlow's cell exists from the first attempt
+        name = ":tensorflow:cc:saved_model:load_attempt_count"
+        count = Metric(name, "The number of times a SavedModel was successfully loaded.", "unknown")
+        for (path, status), value in sorted(attempts.items()):
+            count.add_sample(name, {"model_path": path, "status": status}, value)
+        yield count
+        name = ":tensorflow:cc:saved_model:load_latency"
+        total = Metric(name, "Latency in microseconds for SavedModels that were successfully loaded.", "unknown")
+        for path, value in sorted(latency.items()):
+            total.add_sample(name, {"model_path": path}, value)
+        yield total
 
 
-def exposition(tf_serving_names: bool = False) -> tuple[bytes, str]:
+def _microseconds(name: str, documentation: str, label_names: list[str], samples, key_of) -> HistogramMetricFamily:
+    """A histogram in microseconds named ``name``, from the ``samples`` of one of servex's histograms (seconds): its
+    series summed by ``key_of(labels)``, the new series' label values (None leaves a series out)."""
+    buckets: dict[tuple, dict[str, float]] = {}
+    sums: dict[tuple, float] = {}
+    keys: dict[tuple, tuple | None] = {}  # key_of by the source series' labels, called once per series
+    for sample in samples:
+        if not sample.name.endswith(("_bucket", "_sum")):
+            continue
+        labels = {k: v for k, v in sample.labels.items() if k != "le"}
+        series = tuple(sorted(labels.items()))
+        if series not in keys:
+            keys[series] = key_of(labels)
+        key = keys[series]
+        if key is None:
+            continue
+        if sample.name.endswith("_bucket"):
+            cumulative = buckets.setdefault(key, {})
+            cumulative[sample.labels["le"]] = cumulative.get(sample.labels["le"], 0.0) + sample.value
+        else:
+            sums[key] = sums.get(key, 0.0) + sample.value
+    histogram = HistogramMetricFamily(name, documentation, labels=label_names)
+    for key, cumulative in sorted(buckets.items()):
+        ordered = sorted(cumulative.items(), key=lambda item: float(item[0]))  # "+Inf" sorts last
+        scaled = [(le if le == "+Inf" else repr(round(float(le) * 1e6, 3)), value) for le, value in ordered]
+        histogram.add_metric(list(key), buckets=scaled, sum_value=sums.get(key, 0.0) * 1e6)
+    return histogram
+
+
+def exposition(tf_serving_names: bool = False, batching: bool = False) -> tuple[bytes, str]:
     """The Prometheus text exposition of every metric and its content type: this process's, or in a group of
     serving processes (prometheus_client's multiprocess mode) all of theirs; with ``tf_serving_names``,
-    TensorFlow Serving's request metrics as well (``TFServingNames``)."""
+    TensorFlow Serving's metrics as well (``TFServingNames``; ``batching``: servex's --enable_batching)."""
     registry = prometheus_client.REGISTRY
     metrics_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if metrics_dir:
@@ -186,7 +303,7 @@ def exposition(tf_serving_names: bool = False) -> tuple[bytes, str]:
     if tf_serving_names:
         source, registry = registry, prometheus_client.CollectorRegistry()
         registry.register(source)  # a registry is a collector of its metrics
-        registry.register(TFServingNames(source))
+        registry.register(TFServingNames(source, batching))
     return prometheus_client.generate_latest(registry), prometheus_client.CONTENT_TYPE_LATEST
 
 
@@ -197,20 +314,25 @@ def start_metrics_server(port: int, address: str):
     return server
 
 
+# By model and by the version's folder (``model_path``, for TensorFlow's load metrics in ``TFServingNames``):
+# one series per version path loaded, as TensorFlow keeps one per ``export_dir``; ``sum by (model)`` reads them
+# by model as before.
 MODEL_LOAD_FAILURES = Counter(
-    "servex_model_load_failures", "Version loads that failed (each retry counts), by model", ["model"]
+    "servex_model_load_failures",
+    "Version loads that failed (each retry counts), by model and version path",
+    ["model", "model_path"],
 )
 MODEL_LOAD_SECONDS = Histogram(
     "servex_model_load_seconds",
-    "Time to load a model version that loaded (lazy restoration: variables are read later)",
-    ["model"],
+    "Time to load a model version that loaded (lazy restoration: variables are read later), by model and version path",
+    ["model", "model_path"],
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60, 120, 300),
 )
 
 
-def model_load(name: str, version: int, ok: bool, seconds: float) -> None:
-    """ModelManager's on_load hook: count failures, time successes."""
+def model_load(name: str, version: int, ok: bool, seconds: float, path: str = "") -> None:
+    """ModelManager's on_load hook: count failures, time successes, by model and the version's folder."""
     if ok:
-        MODEL_LOAD_SECONDS.labels(name).observe(seconds)
+        MODEL_LOAD_SECONDS.labels(name, path).observe(seconds)
     else:
-        MODEL_LOAD_FAILURES.labels(name).inc()
+        MODEL_LOAD_FAILURES.labels(name, path).inc()

@@ -20,6 +20,7 @@ answers 400 itself is logged at DEBUG, so that no client can fill the log at ERR
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 import zlib
@@ -331,6 +332,7 @@ class RestServer:
         reuse_port: bool = False,
         prometheus_path: str = "",
         cors: bool = False,
+        batching: bool = False,
     ):
         from server import rest_tfserving, rest_v2
 
@@ -339,7 +341,7 @@ class RestServer:
         app = web.Application(client_max_size=max_body_bytes)
         # First, so that no API route (/v1's take every method) answers these paths or methods instead.
         if prometheus_path:  # TensorFlow Serving's --monitoring_config_file
-            app.router.add_get(prometheus_path, _prometheus)
+            app.router.add_get(prometheus_path, functools.partial(_prometheus, batching=batching))
         if cors:  # TensorFlow Serving's --rest_api_enable_cors_support
             app.router.add_route("OPTIONS", "/{tail:.*}", _preflight)
             app.on_response_prepare.append(_allow_any_origin)
@@ -395,12 +397,14 @@ async def _allow_any_origin(request: web.Request, response: web.StreamResponse) 
     response.headers["Access-Control-Allow-Origin"] = "*"
 
 
-async def _prometheus(request: web.Request) -> web.Response:
-    """The metrics, as on --metrics_port, and TensorFlow Serving's request metrics under its names (generated
-    off the event loop: a scrape walks every series)."""
+async def _prometheus(request: web.Request, batching: bool = False) -> web.Response:
+    """The metrics, as on --metrics_port, and TensorFlow Serving's metrics under its names (generated off the event
+    loop: a scrape walks every series); ``batching``: servex's --enable_batching (TensorFlow Serving's batching
+    metrics only then)."""
     from server.metrics import exposition
 
-    body, content_type = await asyncio.get_running_loop().run_in_executor(tensors.REQUEST_WORK, exposition, True)
+    loop = asyncio.get_running_loop()
+    body, content_type = await loop.run_in_executor(tensors.REQUEST_WORK, exposition, True, batching)
     return web.Response(body=body, headers={"Content-Type": content_type})
 
 

@@ -4,6 +4,8 @@ and those that change nothing here are logged with the reason."""
 
 from __future__ import annotations
 
+import shutil
+import time
 import urllib.error
 import urllib.request
 
@@ -14,7 +16,7 @@ import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 from tests.conftest import HALF_PLUS_TWO_TF1
-from tests.integration.daemon import run_to_exit
+from tests.integration.daemon import metric, run_to_exit
 
 METADATA_LIMIT = 4096  # the gRPC port's hard limit on a call's metadata, set through --grpc_channel_arguments
 
@@ -64,9 +66,86 @@ def test_a_tensorflow_model_server_command_line_serves(start_daemon, tmp_path):
         ':tensorflow:serving:request_latency_bucket{API="Predict",entrypoint="GRPC",le="+Inf"'
     )
     assert buckets[-1].endswith(" 1.0") and 'le="50.0"' in buckets[0]  # servex's 50 µs bucket, in microseconds
+    # the model runtime's time of that one Predict, TensorFlow's load metrics of its one version, and no batching
+    # queue (batching is off, as TensorFlow Serving has that metric only with it on)
+    families = tf_serving_families(text)
+    runtime = families[":tensorflow:serving:runtime_latency"]
+    assert runtime.type == "histogram"
+    assert series_labels(runtime) == {("API", "Predict"), ("model_name", "half"), ("runtime", "TF1")}
+    assert sample(runtime, ":tensorflow:serving:runtime_latency_count") == 1.0
+    request_us = sample(families[":tensorflow:serving:request_latency"], ":tensorflow:serving:request_latency_sum")
+    assert 0 < sample(runtime, ":tensorflow:serving:runtime_latency_sum") < request_us  # µs, within the request's
+    path = str(HALF_PLUS_TWO_TF1 / "00000123")
+    attempts = families[":tensorflow:cc:saved_model:load_attempt_count"]
+    assert attempts.type == "unknown"  # a counter without prometheus_client's _total, as TensorFlow Serving's
+    assert series_labels(attempts) == {("model_path", path), ("status", "success")}
+    assert sample(attempts, ":tensorflow:cc:saved_model:load_attempt_count") == 1.0
+    latency = families[":tensorflow:cc:saved_model:load_latency"]
+    assert series_labels(latency) == {("model_path", path)}
+    assert 1_000 < sample(latency, ":tensorflow:cc:saved_model:load_latency") < 120e6  # µs: more than 1 ms, < 2 min
+    assert ":tensorflow:serving:batching_session:queuing_latency" not in families
     log = daemon.log()
     assert "--rest_api_num_threads=8 has no effect in servex" in log
     assert "--flush_filesystem_caches=true has no effect in servex" in log
+
+
+def test_tensorflow_serving_metric_names_with_batching_and_a_failed_load(start_daemon, tmp_path):
+    """With batching on, TensorFlow Serving's batching queue latency too; a version that fails to load is counted
+    under its own path."""
+    monitoring = tmp_path / "monitoring.config"
+    monitoring.write_text('prometheus_config { enable: true path: "/tfs/metrics" }')
+    base = tmp_path / "model"
+    shutil.copytree(HALF_PLUS_TWO_TF1 / "00000123", base / "1")
+    daemon = start_daemon(
+        "--model_name=half", f"--model_base_path={base}", "--enable_batching", f"--monitoring_config_file={monitoring}",
+        "--file_system_poll_wait_seconds=0.2", "--max_num_load_retries=0", rest=True,
+    )  # fmt: skip
+    grpc_calls, rest_calls = 3, 2
+    for _ in range(grpc_calls):
+        predict(daemon.channel, "half", np.array([[1.0]], np.float32))
+    for _ in range(rest_calls):
+        call = urllib.request.Request(f"{daemon.rest_url}/v1/models/half:predict", data=b'{"instances": [[1.0]]}')
+        with urllib.request.urlopen(call, timeout=10) as reply:
+            assert reply.read() == b'{"predictions":[[2.5]]}'
+    (tmp_path / "staging").mkdir()
+    (tmp_path / "staging" / "saved_model.pb").write_bytes(b"not a SavedModel")
+    (tmp_path / "staging").rename(base / "2")
+    deadline = time.monotonic() + 60
+    while metric(daemon, "servex_model_load_failures_total", model="half") < 1:
+        assert time.monotonic() < deadline, f"version 2 never failed to load:\n{daemon.log()}"
+        time.sleep(0.1)
+    with urllib.request.urlopen(f"{daemon.rest_url}/tfs/metrics", timeout=10) as reply:
+        families = tf_serving_families(reply.read().decode())
+    calls = grpc_calls + rest_calls
+    runtime = families[":tensorflow:serving:runtime_latency"]
+    assert series_labels(runtime) == {("API", "Predict"), ("model_name", "half"), ("runtime", "TF1")}  # both
+    assert sample(runtime, ":tensorflow:serving:runtime_latency_count") == calls
+    queuing = families[":tensorflow:serving:batching_session:queuing_latency"]
+    assert queuing.type == "histogram" and series_labels(queuing) == {("thread_pool_name", "")}
+    assert sample(queuing, ":tensorflow:serving:batching_session:queuing_latency_count") == calls
+    attempts = families[":tensorflow:cc:saved_model:load_attempt_count"]
+    found = {(s.labels["model_path"], s.labels["status"]): s.value for s in attempts.samples}
+    assert found == {(str(base / "1"), "success"): 1.0, (str(base / "2"), "fail"): 1.0}
+    latency = {s.labels["model_path"]: s.value for s in families[":tensorflow:cc:saved_model:load_latency"].samples}
+    assert latency[str(base / "1")] > 0 and latency[str(base / "2")] == 0.0  # servex does not time failed loads
+
+
+def tf_serving_families(text: str) -> dict:
+    """The TensorFlow-named metric families of an exposition, by name, as prometheus_client's parser reads them."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {f.name: f for f in text_string_to_metric_families(text) if f.name.startswith(":tensorflow:")}
+
+
+def series_labels(family) -> set[tuple[str, str]]:
+    """Every (label, value) of the family's series, ``le`` aside."""
+    return {(k, v) for s in family.samples for k, v in s.labels.items() if k != "le"}
+
+
+def sample(family, name: str) -> float:
+    """The one sample called ``name`` (the family has one series)."""
+    (value,) = [s.value for s in family.samples if s.name == name]
+    return value
 
 
 def test_saved_model_tags_pick_the_meta_graph(start_daemon, tmp_path):

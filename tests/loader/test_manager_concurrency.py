@@ -184,9 +184,13 @@ def test_failed_reload_from_a_new_base_path_ends_and_keeps_the_old_copy_serving(
 
 def test_load_outcomes_reach_the_on_load_hook(rec, tmp_path):
     outcomes = []
-    manager = ModelManager(rec.make, rec.close, max_num_load_retries=0, on_load=lambda *a: outcomes.append(a[:3]))
+
+    def on_load(name, version, ok, seconds, path):
+        outcomes.append((name, version, ok, path))
+
+    manager = ModelManager(rec.make, rec.close, max_num_load_retries=0, on_load=on_load)
     base = model_dir(tmp_path / "m", 1, 2)
     rec.fail_paths.add(str(base / "2"))
     manager.apply_config([spec("m", base)])
-    assert outcomes == [("m", 2, False), ("m", 1, True)]
+    assert outcomes == [("m", 2, False, str(base / "2")), ("m", 1, True, str(base / "1"))]  # the version's folder
     manager.unload_all()
