@@ -348,7 +348,8 @@ class ModelManager(Generic[S]):
         model = self._models.get(name)
         if model is None:
             served = ", ".join(sorted(self._models)) or "none"
-            raise NotFound(f"model {name!r} is not served (served models: {served})")
+            # Triton's words first: Triton's own client examples look for "Request for unknown model"
+            raise NotFound(f"Request for unknown model: {name!r} is not served (served models: {served})")
         return model
 
     def _lookup(self, name: str, version: int | None, label: str) -> ServedVersion[S]:

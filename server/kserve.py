@@ -373,7 +373,8 @@ class RepositoryService(_ServerCalls, pb_grpc.GRPCInferenceServiceServicer):
             specs = {spec.name: spec for spec in self.lifecycle.specs}
             spec = specs.pop(name, None)
             if spec is None:
-                raise NotFound(f"model {name!r} is not served (served models: {', '.join(sorted(specs)) or 'none'})")
+                served = ", ".join(sorted(specs)) or "none"
+                raise NotFound(f"Request for unknown model: {name!r} is not served (served models: {served})")
             await self.lifecycle.apply(list(specs.values()))
             self.unloaded[name] = spec
         return pb.RepositoryModelUnloadResponse()

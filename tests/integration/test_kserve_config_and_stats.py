@@ -148,11 +148,11 @@ def test_version_policies_and_data_types(plain):
 @pytest.mark.parametrize(
     ("method", "name", "version", "status", "words"),
     [
-        ("get_model_config", "nope", "", "NOT_FOUND", "model 'nope' is not served (served models: mlp, strings, sum, "
-         "tf2, two)"),
+        ("get_model_config", "nope", "", "NOT_FOUND", "Request for unknown model: 'nope' is not served (served "
+         "models: mlp, strings, sum, tf2, two)"),
         ("get_model_config", "tf2", "7", "NOT_FOUND", "model 'tf2' has no version 7"),
         ("get_model_config", "mlp", "x1", "INVALID_ARGUMENT", "'x1' is not a version number"),
-        ("get_inference_statistics", "nope", "", "NOT_FOUND", "model 'nope' is not served"),
+        ("get_inference_statistics", "nope", "", "NOT_FOUND", "Request for unknown model: 'nope' is not served"),
         ("get_inference_statistics", "tf2", "7", "NOT_FOUND", "model 'tf2' has no version 7"),
         ("get_inference_statistics", "", "1", "INVALID_ARGUMENT", "version 1 was given without a model name"),
     ],
@@ -176,7 +176,7 @@ def test_grpc_empty_name_is_invalid(plain):
 @pytest.mark.parametrize(
     ("path", "status", "words"),
     [
-        ("/v2/models/nope/config", 404, "model 'nope' is not served"),
+        ("/v2/models/nope/config", 404, "Request for unknown model: 'nope' is not served"),
         ("/v2/models/tf2/versions/7/config", 404, "model 'tf2' has no version 7"),
         ("/v2/models/mlp/versions/x1/config", 400, "'x1' is not a version number"),
     ],

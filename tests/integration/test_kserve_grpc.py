@@ -399,9 +399,21 @@ def test_stream_answers_are_final_and_failed_ones_name_their_request(client, stu
     requests[0].id, requests[1].id = "ok-1", "bad-2"
     good, bad = list(stub.ModelStreamInfer(iter(requests), timeout=30))
     assert good.infer_response.id == "ok-1" and good.infer_response.parameters["triton_final_response"].bool_param
-    assert bad.error_message.startswith("NOT_FOUND: model 'nope' is not served")
+    assert bad.error_message.startswith("NOT_FOUND: Request for unknown model: 'nope' is not served")
     assert (bad.infer_response.id, bad.infer_response.model_name) == ("bad-2", "nope")
     assert bad.infer_response.parameters["triton_final_response"].bool_param
+
+
+def test_an_unknown_model_is_named_as_triton_s_own_client_examples_expect(client):
+    # Triton's simple_grpc_* examples check `"Request for unknown model" in ex.message()` (metadata) and
+    # `ex.message().startswith("Request for unknown model")` (infer)
+    with pytest.raises(InferenceServerException) as metadata:
+        client.get_model_metadata("wrong_model_name")
+    with pytest.raises(InferenceServerException) as infer:
+        client.infer("wrong_model_name", [infer_input("x", np.array([[1.0]], np.float32))])
+    for error in (metadata.value, infer.value):
+        assert error.status() == "StatusCode.NOT_FOUND"
+        assert error.message().startswith("Request for unknown model: 'wrong_model_name' is not served")
 
 
 def test_triton_grpc_error_metadata_ends_the_stream_with_the_error_s_status(stub):

@@ -94,7 +94,7 @@ def test_metadata(client):
     assert outputs == ["echo_bytes", "length", "upper"]
     with pytest.raises(InferenceServerException) as e:
         client.get_model_metadata("nope")
-    assert e.value.status() == "404" and "model 'nope' is not served" in e.value.message()
+    assert e.value.status() == "404" and "Request for unknown model: 'nope' is not served" in e.value.message()
 
 
 @pytest.mark.parametrize(
@@ -282,7 +282,7 @@ BAD = [
     ("/v2/models/strings/infer",
      infer_json([{"name": "text", "shape": [1], "datatype": "BYTES", "data": [5]}]), {}, 400,
      ["holds 5", "expected strings for BYTES"]),
-    ("/v2/models/nope/infer", infer_json([X1]), {}, 404, ["model 'nope' is not served", "hp2"]),
+    ("/v2/models/nope/infer", infer_json([X1]), {}, 404, ["Request for unknown model: 'nope' is not served", "hp2"]),
     ("/v2/models/hp2/versions/7/infer", infer_json([X1]), {}, 404, ["no version 7", "123"]),
     ("/v2/models/hp2/versions/latest/infer", infer_json([X1]), {}, 400, ["'latest' is not a version number"]),
     ("/v2/models/hp2/versions/1" + "0" * 5000 + "/infer", infer_json([X1]), {}, 400,
