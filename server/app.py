@@ -141,8 +141,12 @@ def start_admin_server(settings: ServerSettings, core: ServingCore, options, lif
 
         kserve.add_repository_to_server(core, lifecycle, server)
     address = f"{settings.admin_bind_address}:{settings.admin_port}"
-    if server.add_insecure_port(address) == 0:
-        raise OSError(f"cannot bind the admin port {address}")
+    try:
+        bound = server.add_insecure_port(address)
+    except RuntimeError as e:  # grpcio raises where it cannot bind (older versions returned 0)
+        raise OSError(f"cannot bind the admin port to {address}: {e}") from None
+    if bound == 0:
+        raise OSError(f"cannot bind the admin port to {address}")
     log.info("admin API on %s (%s)", address, "bearer token required" if interceptors else "loopback only")
     return server
 

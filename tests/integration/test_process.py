@@ -120,7 +120,10 @@ def test_grpc_listeners_share_the_port_and_a_second_servex_on_it_is_refused(star
     assert tf.make_ndarray(reply.outputs["y"]).tolist() == [2.5]
 
 
-@pytest.mark.parametrize(("flag", "port_name"), [("--rest_api_port", "REST"), ("--metrics_port", "metrics")])
+@pytest.mark.parametrize(
+    ("flag", "port_name"),
+    [("--rest_api_port", "REST"), ("--metrics_port", "metrics"), ("--admin_port", "the admin port")],
+)
 def test_a_busy_port_exits_1_with_a_clear_error(flag, port_name):
     import socket
 
