@@ -98,7 +98,8 @@ def test_an_error_message_of_non_ascii_characters_is_cut_as_grpc_encodes_it(daem
     with pytest.raises(grpc.RpcError) as info:
         stub.Predict(request, timeout=30)
     assert info.value.code() == grpc.StatusCode.NOT_FOUND
-    assert info.value.details().startswith("model '模模") and info.value.details().endswith("more characters)")
+    details = info.value.details()
+    assert details.startswith("Request for unknown model: '模模") and details.endswith("more characters)")
 
 
 def test_large_typed_requests_and_answers_round_trip(daemon):
