@@ -253,9 +253,12 @@ class KServeService(_ServerCalls, pb_grpc.GRPCInferenceServiceServicer):
         self.core.shared_memory.unregister(request.name)
         return pb.SystemSharedMemoryUnregisterResponse()
 
+    # CUDA shared memory: registering is UNIMPLEMENTED, so there is never a region to list or unregister; status and
+    # unregister answer as a Triton without GPUs does (Triton's examples unregister all CUDA regions first).
     @rpc
     async def CudaSharedMemoryStatus(self, request, context):
-        raise _no_cuda_memory()
+        self.core.shared_memory.cuda_status(request.name)  # empty, or NOT_FOUND for a named region
+        return pb.CudaSharedMemoryStatusResponse()
 
     @rpc
     async def CudaSharedMemoryRegister(self, request, context):
@@ -263,7 +266,7 @@ class KServeService(_ServerCalls, pb_grpc.GRPCInferenceServiceServicer):
 
     @rpc
     async def CudaSharedMemoryUnregister(self, request, context):
-        raise _no_cuda_memory()
+        return pb.CudaSharedMemoryUnregisterResponse()
 
     # The repository extension lives on the admin port; here it says where to find it.
     @rpc
