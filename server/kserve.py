@@ -157,11 +157,12 @@ class KServeService(_ServerCalls, pb_grpc.GRPCInferenceServiceServicer):
         # memory are walked or copied: large ones decode off the event loop.
         tensors_in, raw_in = request.inputs, request.raw_input_contents
         cost = v2_types.decode_cost(tensors_in, len(raw_in))
+        model = request.model_name
         if cost < tensors.OFF_LOOP_ELEMENTS:  # the hot path: no coroutine of off_loop's
-            inputs, raw = decode(tensors_in, raw_in, shared)
+            inputs, _ = decode(tensors_in, raw_in, shared, model)
         else:  # a large decode: a model that is not served is answered before anything is copied
-            self.core.resolve(request.model_name, version)
-            inputs, raw = await tensors.off_loop(cost, decode, tensors_in, raw_in, shared)
+            self.core.resolve(model, version)
+            inputs, _ = await tensors.off_loop(cost, decode, tensors_in, raw_in, shared, model)
         info.compute_input = time.perf_counter() - started
         requested, classes, places = [], {}, {}
         for out in request.outputs:
@@ -178,11 +179,13 @@ class KServeService(_ServerCalls, pb_grpc.GRPCInferenceServiceServicer):
             response.id = request.id
         outputs = v2_types.classified(result.outputs, classes)
         info.answer_bytes = tensors.answer_bound(outputs.values())
-        if raw and not places and all(array.dtype.kind != "O" for array in outputs.values()):  # one copy each
-            v2_types.fill_infer_outputs(response, outputs, raw, shared, places)
-        else:  # typed values, strings or shared memory writes: large ones encode off the event loop
+        # Always in raw_output_contents, whatever the request sent, as Triton answers: clients (Triton's own
+        # grpc_explicit_*_content examples) read raw_output_contents[i] even after sending typed contents.
+        if not places and all(array.dtype.kind != "O" for array in outputs.values()):  # one copy each
+            v2_types.fill_infer_outputs(response, outputs, True, shared, places)
+        else:  # strings or shared memory writes: large ones encode off the event loop
             elements = sum(array.size for array in outputs.values())
-            await tensors.off_loop(elements, v2_types.fill_infer_outputs, response, outputs, raw, shared, places)
+            await tensors.off_loop(elements, v2_types.fill_infer_outputs, response, outputs, True, shared, places)
         info.compute_output = time.perf_counter() - started
         return response
 
