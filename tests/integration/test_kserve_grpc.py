@@ -475,13 +475,16 @@ def test_the_admin_port_answers_what_a_control_plane_client_asks_first(served):
     with triton.InferenceServerClient(f"127.0.0.1:{admin_port}") as admin:
         assert admin.is_server_live() and admin.is_server_ready()
         assert list(admin.get_server_metadata().extensions) == ["model_repository"]
-        for call in (lambda: admin.is_model_ready("tf1"), lambda: admin.get_model_metadata("tf1")):
-            with pytest.raises(InferenceServerException) as info:
-                call()
-            assert info.value.status() == "StatusCode.UNIMPLEMENTED"
-            assert "served on the main gRPC port (--port)" in info.value.message()
+        # what Triton's simple_grpc_model_control.py asks with the client it loads models with: read-only, served
+        assert admin.is_model_ready("tf1") and not admin.is_model_ready("nope")
+        assert admin.get_model_metadata("tf1").name == "tf1"
+        assert admin.get_model_config("tf1").config.name == "tf1"
+        with pytest.raises(InferenceServerException) as info:
+            admin.infer("tf1", [infer_input("x", np.array([[1.0]], np.float32))])
+        assert info.value.status() == "StatusCode.UNIMPLEMENTED"
+        assert "served on the main gRPC port (--port)" in info.value.message()
     assert "NotImplementedError" not in daemon.log() and "Traceback" not in daemon.log()
-    assert metric(daemon, "servex_requests_total", method="ModelReady", code="UNIMPLEMENTED") == 1  # its own name
+    assert metric(daemon, "servex_requests_total", method="ModelInfer", code="UNIMPLEMENTED") == 1  # its own name
 
 
 def test_repository_index_load_and_unload(served, client, models):
@@ -508,7 +511,13 @@ def test_repository_index_load_and_unload(served, client, models):
         with pytest.raises(InferenceServerException) as info:
             admin.load_model("never_heard_of")
         assert info.value.status() == "StatusCode.NOT_FOUND"
+        # Triton's words first: its simple_grpc_model_control.py looks for "failed to load"
+        assert info.value.message().startswith("failed to load 'never_heard_of': ")
         assert "send parameter 'base_path'" in info.value.message()
+        with pytest.raises(InferenceServerException) as info:
+            admin.load_model("tf1", config='{"max_batch_size":"16"}')  # Triton's config override: not served
+        assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
+        assert info.value.message().startswith("failed to load 'tf1': parameter(s) ['config'] are not supported")
         with pytest.raises(InferenceServerException) as info:
             admin.unload_model("never_heard_of")
         assert info.value.status() == "StatusCode.NOT_FOUND"
