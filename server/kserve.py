@@ -5,7 +5,8 @@ Thin: decode the request with `server/v2_types.py`, call the core, encode the an
 model; its tensors are the `serving_default` signature's input and output aliases. Triton's ModelConfig and
 ModelStatistics are answered from what is served (server/v2_config.py, server/v2_stats.py). `KServeService` serves the
 inference methods on the main port; `RepositoryService` serves the model repository extension on the admin port
-(load: add the model to the served config; unload: take it out), and the main port answers those UNIMPLEMENTED.
+(load: add the model to the served config; unload: take it out), with the read-only ModelReady, ModelMetadata and
+ModelConfig that a client asks after a load, and the main port answers the repository methods UNIMPLEMENTED.
 
 Kept out of `server.app`'s module-level imports: the generated `inference.*` messages share their full names with
 tritonclient's, and one process cannot hold both (the tests import tritonclient).
@@ -85,12 +86,9 @@ class _ServerCalls:
         return pb.ServerMetadataResponse(name="servex", version=_server_version(), extensions=self.extensions)
 
 
-class KServeService(_ServerCalls, pb_grpc.GRPCInferenceServiceServicer):
-    extensions = EXTENSIONS
-
-    def __init__(self, core: ServingCore, max_tensor_bytes: int | None = None):
-        self.core = core
-        self.max_tensor_bytes = max_tensor_bytes  # --max_message_bytes: no answer larger is sent
+class _ModelCalls:
+    """What a Triton client asks about a model, on either port: ready, metadata and config (read-only; on the admin
+    port too, where a client that loads a model asks next whether it is ready). Needs ``self.core``."""
 
     @rpc
     async def ModelReady(self, request, context):
@@ -127,6 +125,14 @@ class KServeService(_ServerCalls, pb_grpc.GRPCInferenceServiceServicer):
         config = v2_config.model_config(self.core, request.name, v2_types.parse_version(request.version))
         return pb.ModelConfigResponse(config=json_format.ParseDict(config, pb.ModelConfig()))
 
+
+class KServeService(_ServerCalls, _ModelCalls, pb_grpc.GRPCInferenceServiceServicer):
+    extensions = EXTENSIONS
+
+    def __init__(self, core: ServingCore, max_tensor_bytes: int | None = None):
+        self.core = core
+        self.max_tensor_bytes = max_tensor_bytes  # --max_message_bytes: no answer larger is sent
+
     @rpc
     async def ModelStatistics(self, request, context):
         stats = v2_stats.model_statistics(self.core, request.name, v2_types.parse_version(request.version))
@@ -157,11 +163,12 @@ class KServeService(_ServerCalls, pb_grpc.GRPCInferenceServiceServicer):
         # memory are walked or copied: large ones decode off the event loop.
         tensors_in, raw_in = request.inputs, request.raw_input_contents
         cost = v2_types.decode_cost(tensors_in, len(raw_in))
+        model = request.model_name
         if cost < tensors.OFF_LOOP_ELEMENTS:  # the hot path: no coroutine of off_loop's
-            inputs, raw = decode(tensors_in, raw_in, shared)
+            inputs, _ = decode(tensors_in, raw_in, shared, model)
         else:  # a large decode: a model that is not served is answered before anything is copied
-            self.core.resolve(request.model_name, version)
-            inputs, raw = await tensors.off_loop(cost, decode, tensors_in, raw_in, shared)
+            self.core.resolve(model, version)
+            inputs, _ = await tensors.off_loop(cost, decode, tensors_in, raw_in, shared, model)
         info.compute_input = time.perf_counter() - started
         requested, classes, places = [], {}, {}
         for out in request.outputs:
@@ -178,11 +185,13 @@ class KServeService(_ServerCalls, pb_grpc.GRPCInferenceServiceServicer):
             response.id = request.id
         outputs = v2_types.classified(result.outputs, classes)
         info.answer_bytes = tensors.answer_bound(outputs.values())
-        if raw and not places and all(array.dtype.kind != "O" for array in outputs.values()):  # one copy each
-            v2_types.fill_infer_outputs(response, outputs, raw, shared, places)
-        else:  # typed values, strings or shared memory writes: large ones encode off the event loop
+        # Always in raw_output_contents, whatever the request sent, as Triton answers: clients (Triton's own
+        # grpc_explicit_*_content examples) read raw_output_contents[i] even after sending typed contents.
+        if not places and all(array.dtype.kind != "O" for array in outputs.values()):  # one copy each
+            v2_types.fill_infer_outputs(response, outputs, True, shared, places)
+        else:  # strings or shared memory writes: large ones encode off the event loop
             elements = sum(array.size for array in outputs.values())
-            await tensors.off_loop(elements, v2_types.fill_infer_outputs, response, outputs, raw, shared, places)
+            await tensors.off_loop(elements, v2_types.fill_infer_outputs, response, outputs, True, shared, places)
         info.compute_output = time.perf_counter() - started
         return response
 
@@ -253,9 +262,12 @@ class KServeService(_ServerCalls, pb_grpc.GRPCInferenceServiceServicer):
         self.core.shared_memory.unregister(request.name)
         return pb.SystemSharedMemoryUnregisterResponse()
 
+    # CUDA shared memory: registering is UNIMPLEMENTED, so there is never a region to list or unregister; status and
+    # unregister answer as a Triton without GPUs does (Triton's examples unregister all CUDA regions first).
     @rpc
     async def CudaSharedMemoryStatus(self, request, context):
-        raise _no_cuda_memory()
+        self.core.shared_memory.cuda_status(request.name)  # empty, or NOT_FOUND for a named region
+        return pb.CudaSharedMemoryStatusResponse()
 
     @rpc
     async def CudaSharedMemoryRegister(self, request, context):
@@ -263,7 +275,7 @@ class KServeService(_ServerCalls, pb_grpc.GRPCInferenceServiceServicer):
 
     @rpc
     async def CudaSharedMemoryUnregister(self, request, context):
-        raise _no_cuda_memory()
+        return pb.CudaSharedMemoryUnregisterResponse()
 
     # The repository extension lives on the admin port; here it says where to find it.
     @rpc
@@ -287,7 +299,7 @@ def _admin_only(method: str) -> Unimplemented:
     return Unimplemented(f"{method} (the model repository extension) is served on the admin port (--admin_port)")
 
 
-class RepositoryService(_ServerCalls, pb_grpc.GRPCInferenceServiceServicer):
+class RepositoryService(_ServerCalls, _ModelCalls, pb_grpc.GRPCInferenceServiceServicer):
     """The model repository extension over the served config (``lifecycle.specs``, applied by
     ``lifecycle.apply``): load adds a model (known from the config, unloaded earlier, or at the ``base_path``
     parameter) and answers once it is served; unload removes it (in-flight requests finish first)."""
@@ -336,21 +348,25 @@ class RepositoryService(_ServerCalls, pb_grpc.GRPCInferenceServiceServicer):
         if not name:
             raise InvalidArgument("model_name is empty: name the model to load")
         unsupported = sorted(set(request.parameters) - {BASE_PATH})
-        if unsupported:
-            raise InvalidArgument(f"parameter(s) {unsupported} are not supported; supported: [{BASE_PATH!r}]")
+        if unsupported:  # e.g. Triton's 'config' and 'file:...' overrides
+            raise InvalidArgument(
+                f"failed to load {name!r}: parameter(s) {unsupported} are not supported; supported: [{BASE_PATH!r}]"
+            )
         async with self._lock:
             specs = {spec.name: spec for spec in self.lifecycle.specs}
             if BASE_PATH in request.parameters:
                 param = request.parameters[BASE_PATH]
                 if param.WhichOneof("parameter_choice") != "string_param" or not param.string_param:
-                    raise InvalidArgument(f"parameter {BASE_PATH!r} must be a string_param naming a folder")
+                    raise InvalidArgument(
+                        f"failed to load {name!r}: parameter {BASE_PATH!r} must be a string_param naming a folder"
+                    )
                 spec = ModelSpec(name, param.string_param)
             else:
                 spec = specs.get(name) or self.unloaded.get(name)
                 if spec is None:
                     known = ", ".join(sorted(set(specs) | set(self.unloaded))) or "none"
                     raise NotFound(
-                        f"model {name!r} is not in the repository (known models: {known}); "
+                        f"failed to load {name!r}: model {name!r} is not in the repository (known models: {known}); "
                         f"send parameter {BASE_PATH!r} to load it from a folder of version folders"
                     )
             specs[name] = spec
@@ -359,7 +375,8 @@ class RepositoryService(_ServerCalls, pb_grpc.GRPCInferenceServiceServicer):
         mine = [p for p in problems if p.startswith(f"model {name!r}")]
         if mine or name not in self.core.manager.available_models():
             raise FailedPrecondition(
-                f"model {name!r} is in the repository but did not load: {'; '.join(mine) or 'no version available'}"
+                f"failed to load {name!r}: model {name!r} is in the repository but did not load: "
+                f"{'; '.join(mine) or 'no version available'}"
             )
         return pb.RepositoryModelLoadResponse()
 

@@ -66,6 +66,9 @@ def add_routes(app: web.Application, rest: Rest) -> None:
         route("POST", base + "/unregister", "rest:v2_shared_memory_unregister", shared_memory_unregister)
     route("POST", "/v2/systemsharedmemory/region/{region}/register", "rest:v2_shared_memory_register",
           shared_memory_register)  # fmt: skip
+    for base in ("/v2/cudasharedmemory", "/v2/cudasharedmemory/region/{region}"):  # before the catch-all below
+        route("GET", base + "/status", "rest:v2_cuda_shared_memory", cuda_shared_memory_status)
+        route("POST", base + "/unregister", "rest:v2_cuda_shared_memory", cuda_shared_memory_unregister)
     route("*", "/v2/cudasharedmemory{tail:.*}", "rest:v2_cuda_shared_memory", cuda_shared_memory)
     route("POST", "/v2/repository/index", "rest:v2_repository", repository)
     route("POST", "/v2/repository/models/{name}/{action:load|unload}", "rest:v2_repository", repository)
@@ -132,6 +135,18 @@ async def shared_memory_unregister(rest: Rest, request: web.Request, call: Call,
 
 async def cuda_shared_memory(rest: Rest, request: web.Request, call: Call, info: RequestInfo) -> web.Response:
     raise Unimplemented(NO_CUDA_MEMORY)
+
+
+# Registering CUDA shared memory is 501, so there is never a region to list or unregister: status and unregister
+# answer as a Triton without GPUs does (Triton's examples unregister all CUDA regions before they start).
+async def cuda_shared_memory_status(rest: Rest, request: web.Request, call: Call, info: RequestInfo) -> web.Response:
+    return json_response(codec.dumps(rest.core.shared_memory.cuda_status(request.match_info.get("region", ""))))
+
+
+async def cuda_shared_memory_unregister(
+    rest: Rest, request: web.Request, call: Call, info: RequestInfo
+) -> web.Response:
+    return web.Response(status=200)
 
 
 def _place(params: dict, where: str, tensor: str) -> tuple[str, int, int]:

@@ -129,6 +129,18 @@ class SharedMemoryRegistry:
                 return [r.status() for r in self._regions.values()]
             return [self._region(name).status()]
 
+    def cuda_status(self, name: str = "") -> list[dict]:
+        """CUDA shared memory regions: never any (registering one is UNIMPLEMENTED), so the list is empty and a
+        named region NOT_FOUND, in the words of a Triton without GPUs. Unregistering CUDA regions has nothing to do,
+        and succeeds, as there: Triton's own clients unregister them all before they start."""
+        if not name:
+            return []
+        with self._lock:
+            system = name in self._regions
+        if system:
+            raise NotFound(f"The region named {name!r} is registered as system shared memory, not CUDA shared memory")
+        raise NotFound(f"Unable to find cuda shared memory region: {name!r}. {NO_CUDA_MEMORY}")
+
     def read(self, region: str, offset: int, byte_size: int, tensor: str, used: int = 0) -> memoryview:
         """A copy of the bytes of input ``tensor``: ``byte_size`` bytes at ``offset`` in ``region``, in a fresh
         buffer aligned to ``ALIGNMENT``. INVALID_ARGUMENT when the memory no longer holds them. ``used``: the

@@ -170,7 +170,11 @@ def parse_version(text: str) -> int | None:
     if not text:
         return None
     if not _VERSION.fullmatch(text):
-        raise InvalidArgument(f'model version {text!r} is not a version number: send "" for the latest or e.g. "1"')
+        # Triton's words first: its own client examples look for them
+        raise InvalidArgument(
+            f"failed to get model version from specified version string {text!r}: model version {text!r} is not a "
+            f'version number; send "" for the latest or e.g. "1"'
+        )
     return int(text)
 
 
@@ -324,14 +328,22 @@ def _all_raw(inputs, raw_input_contents) -> dict[str, np.ndarray] | None:
     return arrays
 
 
-def decode_infer_inputs(inputs, raw_input_contents, shared) -> tuple[dict[str, np.ndarray], bool]:
+def decode_infer_inputs(inputs, raw_input_contents, shared, model: str = "") -> tuple[dict[str, np.ndarray], bool]:
     """A ModelInferRequest's inputs by name, and whether they came raw (or from shared memory, read from
     ``shared``, a SharedMemoryRegistry). Raw fixed-size inputs are arrays over the request's bytes or the shared
-    memory (no copy). INVALID_ARGUMENT names the input and what was expected."""
+    memory (no copy). INVALID_ARGUMENT names the input (and ``model``, the request's) and what was expected."""
     if raw_input_contents and len(raw_input_contents) == len(inputs):
         arrays = _all_raw(inputs, raw_input_contents)
         if arrays is not None:
             return arrays, True
+    if raw_input_contents:  # checked first, in Triton's words, which Triton's own client examples look for
+        for tensor in inputs:
+            if _typed_count(tensor):
+                raise InvalidArgument(
+                    f"contents field must not be specified when using raw_input_contents for {tensor.name!r} for "
+                    f"model {model!r}: input {tensor.name!r} has typed contents and the request has "
+                    f"raw_input_contents; send its data in one of them"
+                )
     in_memory = sum(SHARED_MEMORY_REGION in t.parameters for t in inputs)
     raw = len(raw_input_contents) > 0 or in_memory > 0
     if raw_input_contents and len(raw_input_contents) != len(inputs) - in_memory:
@@ -359,11 +371,7 @@ def decode_infer_inputs(inputs, raw_input_contents, shared) -> tuple[dict[str, n
         elif not raw_input_contents:
             arrays[name] = from_contents(tensor.contents, tensor.datatype, shape, name)
             continue
-        else:
-            if _typed_count(tensor):
-                raise InvalidArgument(
-                    f"input {name!r} has typed contents and raw_input_contents[{sent}]: send its data in one of them"
-                )
+        else:  # typed contents beside raw_input_contents were refused above
             data = raw_input_contents[sent]
             sent += 1
         arrays[name] = from_raw(data, tensor.datatype, shape, name)

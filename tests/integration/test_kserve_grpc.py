@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 import tritonclient.grpc as triton
 from tritonclient.grpc import service_pb2, service_pb2_grpc
-from tritonclient.utils import InferenceServerException
+from tritonclient.utils import InferenceServerException, deserialize_bytes_tensor, triton_to_np_dtype
 
 from tests.conftest import HALF_PLUS_TWO_TF1, HALF_PLUS_TWO_TF2
 from tests.integration.daemon import free_port, metric, model_config_file
@@ -212,7 +212,7 @@ def test_every_datatype_round_trips_raw(client):
             np.testing.assert_array_equal(got, values)
 
 
-def test_every_typed_datatype_round_trips_in_typed_contents(stub):
+def test_every_typed_datatype_round_trips_in_typed_contents_answered_raw(stub):
     request = service_pb2.ModelInferRequest(model_name="echo")
     for name, (_, values) in TYPED.items():
         tensor = request.inputs.add(name=name.lower(), datatype=name, shape=[2])
@@ -220,13 +220,38 @@ def test_every_typed_datatype_round_trips_in_typed_contents(stub):
         field = field or ("bytes" if name == "BYTES" else "uint" if name.startswith("UINT") else "int")
         getattr(tensor.contents, f"{field}_contents").extend(values.tolist())
     response = stub.ModelInfer(request, timeout=30)
-    assert not response.raw_output_contents  # typed in, typed out
-    by_name = {t.name: t for t in response.outputs}
-    for name, (_, values) in TYPED.items():
-        out = by_name[f"{name.lower()}_out"]
-        assert out.datatype == name and list(out.shape) == [2]
-        contents = [list(v) for _, v in out.contents.ListFields()]
-        assert contents == [values.tolist()], name
+    # typed in, raw out, as Triton answers: one raw_output_contents entry per output, in order, no typed contents
+    assert len(response.raw_output_contents) == len(response.outputs) == len(TYPED)
+    for out, data in zip(response.outputs, response.raw_output_contents, strict=True):
+        name = out.datatype
+        assert out.name == f"{name.lower()}_out" and list(out.shape) == [2] and not out.contents.ListFields()
+        got = deserialize_bytes_tensor(data) if name == "BYTES" else np.frombuffer(data, triton_to_np_dtype(name))
+        np.testing.assert_array_equal(got, TYPED[name][1])
+
+
+def test_triton_s_explicit_content_examples_read_raw_answers_and_find_triton_s_words(stub):
+    # Triton's grpc_explicit_{int,int8,byte}_content_client.py: typed contents in, raw_output_contents[i] read back
+    a, b = np.arange(6, dtype=np.float32).reshape(2, 3), np.ones((2, 3), np.float32)
+    request = service_pb2.ModelInferRequest(model_name="add")
+    for name, values in (("a", a), ("b", b)):
+        request.inputs.add(name=name, datatype="FP32", shape=[2, 3]).contents.fp32_contents.extend(values.ravel())
+    response = stub.ModelInfer(request, timeout=30)
+    assert [o.name for o in response.outputs] == ["sum"]
+    np.testing.assert_array_equal(np.frombuffer(response.raw_output_contents[0], np.float32).reshape(2, 3), a + b)
+    # ... then one raw entry beside the typed contents: refused in Triton's words, before the entries are counted
+    mixed = service_pb2.ModelInferRequest()
+    mixed.CopyFrom(request)
+    mixed.raw_input_contents.append(a.tobytes())
+    error = rpc_error(stub.ModelInfer, mixed)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.details().startswith(
+        "contents field must not be specified when using raw_input_contents for 'a' for model 'add'"
+    )
+    # ... and a version string that is no version
+    request.model_version = "wrong_specification"
+    error = rpc_error(stub.ModelInfer, request)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "failed to get model version from specified version string 'wrong_specification'" in error.details()
 
 
 def test_strings_and_requested_outputs(client):
@@ -313,7 +338,11 @@ def _fp64_request():
 BAD_REQUESTS = {
     "unknown datatype": (fp32_request(datatype="FP33"), "INVALID_ARGUMENT", "'x': unknown datatype 'FP33'"),
     "raw size": (fp32_request(values=(1.0, 2.0), raw=True), "INVALID_ARGUMENT", "'x': 8 raw bytes do not fit"),
-    "raw and typed": (_both(fp32_request(raw=True)), "INVALID_ARGUMENT", "'x' has typed contents and raw_input"),
+    "raw and typed": (
+        _both(fp32_request(raw=True)),
+        "INVALID_ARGUMENT",
+        "contents field must not be specified when using raw_input_contents for 'x' for model 'tf1'",
+    ),
     "raw count": (_extra_raw(fp32_request(raw=True)), "INVALID_ARGUMENT", "raw_input_contents holds 2 entries"),
     "typed count": (fp32_request(values=(1.0, 2.0)), "INVALID_ARGUMENT", "fp32_contents holds 2 values, but"),
     "no values": (fp32_request(values=()), "INVALID_ARGUMENT", "fp32_contents holds 0 values, but"),
@@ -446,13 +475,16 @@ def test_the_admin_port_answers_what_a_control_plane_client_asks_first(served):
     with triton.InferenceServerClient(f"127.0.0.1:{admin_port}") as admin:
         assert admin.is_server_live() and admin.is_server_ready()
         assert list(admin.get_server_metadata().extensions) == ["model_repository"]
-        for call in (lambda: admin.is_model_ready("tf1"), lambda: admin.get_model_metadata("tf1")):
-            with pytest.raises(InferenceServerException) as info:
-                call()
-            assert info.value.status() == "StatusCode.UNIMPLEMENTED"
-            assert "served on the main gRPC port (--port)" in info.value.message()
+        # what Triton's simple_grpc_model_control.py asks with the client it loads models with: read-only, served
+        assert admin.is_model_ready("tf1") and not admin.is_model_ready("nope")
+        assert admin.get_model_metadata("tf1").name == "tf1"
+        assert admin.get_model_config("tf1").config.name == "tf1"
+        with pytest.raises(InferenceServerException) as info:
+            admin.infer("tf1", [infer_input("x", np.array([[1.0]], np.float32))])
+        assert info.value.status() == "StatusCode.UNIMPLEMENTED"
+        assert "served on the main gRPC port (--port)" in info.value.message()
     assert "NotImplementedError" not in daemon.log() and "Traceback" not in daemon.log()
-    assert metric(daemon, "servex_requests_total", method="ModelReady", code="UNIMPLEMENTED") == 1  # its own name
+    assert metric(daemon, "servex_requests_total", method="ModelInfer", code="UNIMPLEMENTED") == 1  # its own name
 
 
 def test_repository_index_load_and_unload(served, client, models):
@@ -479,7 +511,13 @@ def test_repository_index_load_and_unload(served, client, models):
         with pytest.raises(InferenceServerException) as info:
             admin.load_model("never_heard_of")
         assert info.value.status() == "StatusCode.NOT_FOUND"
+        # Triton's words first: its simple_grpc_model_control.py looks for "failed to load"
+        assert info.value.message().startswith("failed to load 'never_heard_of': ")
         assert "send parameter 'base_path'" in info.value.message()
+        with pytest.raises(InferenceServerException) as info:
+            admin.load_model("tf1", config='{"max_batch_size":"16"}')  # Triton's config override: not served
+        assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
+        assert info.value.message().startswith("failed to load 'tf1': parameter(s) ['config'] are not supported")
         with pytest.raises(InferenceServerException) as info:
             admin.unload_model("never_heard_of")
         assert info.value.status() == "StatusCode.NOT_FOUND"

@@ -117,8 +117,9 @@ def test_bad_regions_keys_and_sizes_are_refused_naming_them(daemon, regions, pro
             400,
             "output 'doubled' takes 24 bytes, more than the 8 of shared memory given to it",
         )
-        expect_error(lambda: client.get_cuda_shared_memory_status(), protocol, "UNIMPLEMENTED", 501,
-                     "CUDA shared memory is not supported")  # fmt: skip
+        handle = b"aGFuZGxl" if protocol == "grpc" else "aGFuZGxl"  # base64, as each client takes it
+        expect_error(lambda: client.register_cuda_shared_memory("c", handle, 0, 8), protocol, "UNIMPLEMENTED",
+                     501, "CUDA shared memory is not supported")  # fmt: skip
         np.testing.assert_array_equal(client.infer("sum", [x]).as_numpy("doubled"), X * 2)  # serving goes on
     finally:
         client.unregister_system_shared_memory()
@@ -133,3 +134,27 @@ def expect_error(call, protocol: str, status: str, http_status: int, words: str)
     else:
         assert info.value.status() == str(http_status), info.value
     assert words in info.value.message(), info.value.message()
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_cuda_shared_memory_status_and_unregister_answer_as_a_triton_without_gpus(daemon, regions, protocol):
+    # Triton's simple_{grpc,http}_shm_client.py call unregister_cuda_shared_memory() before they start: nothing is
+    # registered (registering is UNIMPLEMENTED), so there is nothing to unregister, and no region to list
+    tag, _, _ = regions
+    _, client, _ = next(c for c in clients(daemon) if c[0] == protocol)
+    try:
+        client.register_system_shared_memory(f"in-{tag}", f"/servex-in-{tag}", 16 + X.nbytes)
+        client.unregister_cuda_shared_memory()
+        client.unregister_cuda_shared_memory("c")
+        client.unregister_cuda_shared_memory(f"in-{tag}")  # a system region is not a CUDA one: it stays
+        status = client.get_cuda_shared_memory_status()
+        assert (status if protocol == "http" else list(status.regions)) == []
+        expect_error(lambda: client.get_cuda_shared_memory_status("c"), protocol, "NOT_FOUND", 404,
+                     "Unable to find cuda shared memory region: 'c'")  # fmt: skip
+        words = f"The region named 'in-{tag}' is registered as system shared memory, not CUDA shared memory"
+        expect_error(lambda: client.get_cuda_shared_memory_status(f"in-{tag}"), protocol, "NOT_FOUND", 404, words)
+        listed = client.get_system_shared_memory_status()
+        assert [r["name"] for r in (listed if protocol == "http" else triton_regions(listed))] == [f"in-{tag}"]
+    finally:
+        client.unregister_system_shared_memory()
+        client.close()
