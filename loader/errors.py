@@ -61,6 +61,10 @@ class InvalidArgument(ServingError):
 
 class NotFound(ServingError):
     code = "NOT_FOUND"
+    # The same error in TensorFlow Serving's words ("Servable not found for request: Latest(m); ..."), where the
+    # model manager has them (an unknown model or version): TensorFlow Serving's gRPC and REST APIs answer these,
+    # the other protocols ``message`` (Triton's words).
+    tfserving = ""
 
 
 class AlreadyExists(ServingError):

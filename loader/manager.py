@@ -40,6 +40,13 @@ LOADING, AVAILABLE, UNLOADING, END = "LOADING", "AVAILABLE", "UNLOADING", "END"
 MAX_ENDED = 64
 
 
+def _not_found(message: str, tfserving: str) -> NotFound:
+    """NotFound saying ``message``, and ``tfserving`` where TensorFlow Serving's APIs answer it."""
+    error = NotFound(message)
+    error.tfserving = tfserving
+    return error
+
+
 def folder_fingerprint(path: str) -> tuple:
     """Names, sizes and modification times of the files under ``path``: changes while a folder is copied."""
     entries = []
@@ -343,17 +350,24 @@ class ModelManager(Generic[S]):
         with self._lock:
             return self._lookup(name, version, label)
 
-    def _model(self, name: str) -> _Model[S]:
-        """The model called ``name``, or NotFound naming those served; the lock is held."""
+    def _model(self, name: str, tfserving: str = "") -> _Model[S]:
+        """The model called ``name``, or NotFound naming those served; the lock is held. ``tfserving``: how
+        TensorFlow Serving starts this error (by default as its GetModelStatus does)."""
         model = self._models.get(name)
         if model is None:
             served = ", ".join(sorted(self._models)) or "none"
+            detail = f"{name!r} is not served (served models: {served})"
             # Triton's words first: Triton's own client examples look for "Request for unknown model"
-            raise NotFound(f"Request for unknown model: {name!r} is not served (served models: {served})")
+            raise _not_found(
+                f"Request for unknown model: {detail}",
+                f"{tfserving or f'Could not find any versions of model {name}'}; {detail}",
+            )
         return model
 
     def _lookup(self, name: str, version: int | None, label: str) -> ServedVersion[S]:
-        model = self._model(name)
+        # TensorFlow Serving's words for a servable it cannot find (its ServableRequest's DebugString)
+        request = f"Latest({name})" if version is None else f"Specific({name}, {version})"
+        model = self._model(name, f"Servable not found for request: {request}")
         if label:
             if label not in model.spec.labels:
                 labels = ", ".join(f"{k}={v}" for k, v in sorted(model.spec.labels.items())) or "none"
@@ -378,7 +392,8 @@ class ModelManager(Generic[S]):
                 raise Unavailable(f"model {name!r} {what} is still loading (available versions: {available})")
             if label:
                 raise NotFound(f"model {name!r} {what} is not available (available versions: {available})")
-            raise NotFound(f"model {name!r} has no version {version} (available versions: {available})")
+            message = f"model {name!r} has no version {version} (available versions: {available})"
+            raise _not_found(message, f"Servable not found for request: Specific({name}, {version}); {message}")
         return sv
 
     # -- status ---------------------------------------------------------------------------------------
@@ -397,7 +412,8 @@ class ModelManager(Generic[S]):
             if version is not None:
                 sv = known.get(version)
                 if sv is None:
-                    raise NotFound(f"model {name!r} has no version {version} (known: {sorted(known)})")
+                    message = f"model {name!r} has no version {version} (known: {sorted(known)})"
+                    raise _not_found(message, f"Could not find version {version} of model {name}; {message}")
                 return [sv]
             return [sv for _, sv in sorted(known.items())]
 

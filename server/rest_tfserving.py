@@ -32,12 +32,13 @@ from google.protobuf import json_format
 from tensorflow.core.example import example_pb2, feature_pb2
 from tensorflow_serving.apis import classification_pb2, get_model_status_pb2, input_pb2, regression_pb2
 
-from loader.errors import CODE_NAMES, InvalidArgument
+from loader.errors import CODE_NAMES, InvalidArgument, NotFound
 from loader.saved_model import TensorSpec
 from server import examples
 from server import rest_codec as codec
 from server.core import REQUEST, RequestInfo
 from server.rest import Call, Rest, json_response, offload, payload_bytes
+from server.tfserving import in_tfserving_words
 
 _SPEC = r"/v1/models/([^/:]+)(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?"
 PREDICT_PATH = re.compile(_SPEC + r":(classify|regress|predict)", re.IGNORECASE)
@@ -56,6 +57,13 @@ def add_routes(app: web.Application, rest: Rest) -> None:
 
 
 async def dispatch(rest: Rest, request: web.Request, call: Call, info: RequestInfo) -> web.StreamResponse:
+    try:
+        return await _dispatch(rest, request, call)
+    except NotFound as e:  # an unknown model or version, in TensorFlow Serving's words
+        raise in_tfserving_words(e) from e
+
+
+async def _dispatch(rest: Rest, request: web.Request, call: Call) -> web.StreamResponse:
     path = request.rel_url.raw_path
     if request.method == "POST" and (match := PREDICT_PATH.fullmatch(path)):
         name, version, label = _spec(match)

@@ -6,6 +6,7 @@ gRPC status it names, with its message; anything unexpected becomes INTERNAL and
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -26,12 +27,32 @@ from tensorflow_serving.apis import (
 )
 
 from loader.config import ModelSpec, specs_from_proto
-from loader.errors import CODE_NAMES, FailedPrecondition, InvalidArgument
+from loader.errors import CODE_NAMES, FailedPrecondition, InvalidArgument, NotFound
 from server import examples, tensors
 from server.core import REQUEST, ServingCore
 from server.rpc import rpc, spec_version
 
 log = logging.getLogger(__name__)
+
+
+def in_tfserving_words(error: NotFound) -> NotFound:
+    """``error`` as TensorFlow Serving's APIs say it: an unknown model or version starts with TensorFlow Serving's
+    words ("Servable not found for request: Latest(m)", GetModelStatus's "Could not find any versions of model
+    m"), which its documentation shows and its users' scripts look for; the other protocols answer Triton's."""
+    return NotFound(error.tfserving) if error.tfserving else error
+
+
+def tfserving_errors(method):
+    """A TensorFlow Serving gRPC method whose NotFound errors are said in TensorFlow Serving's words."""
+
+    @functools.wraps(method)
+    async def wrapper(self, request, context):
+        try:
+            return await method(self, request, context)
+        except NotFound as e:
+            raise in_tfserving_words(e) from e
+
+    return wrapper
 
 
 class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
@@ -41,6 +62,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
         self.max_tensor_bytes = max_tensor_bytes
 
     @rpc
+    @tfserving_errors
     async def Predict(self, request: predict_pb2.PredictRequest, context) -> predict_pb2.PredictResponse:
         spec = request.model_spec
         limit = self.max_tensor_bytes
@@ -64,18 +86,22 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
         return response
 
     @rpc
+    @tfserving_errors
     async def Classify(self, request: classification_pb2.ClassificationRequest, context):
         return await examples.classify(self.core, request)
 
     @rpc
+    @tfserving_errors
     async def Regress(self, request: regression_pb2.RegressionRequest, context):
         return await examples.regress(self.core, request)
 
     @rpc
+    @tfserving_errors
     async def MultiInference(self, request: inference_pb2.MultiInferenceRequest, context):
         return await examples.multi_inference(self.core, request)
 
     @rpc
+    @tfserving_errors
     async def GetModelMetadata(self, request: get_model_metadata_pb2.GetModelMetadataRequest, context):
         fields = list(request.metadata_field)
         if not fields:
@@ -111,6 +137,7 @@ class ModelService(model_service_pb2_grpc.ModelServiceServicer):
         self.process_group_size = process_group_size
 
     @rpc
+    @tfserving_errors
     async def GetModelStatus(self, request: get_model_status_pb2.GetModelStatusRequest, context):
         spec = request.model_spec
         if not spec.name:
@@ -151,6 +178,7 @@ class SessionService:
         self.max_tensor_bytes = max_tensor_bytes
 
     @rpc
+    @tfserving_errors
     async def SessionRun(self, request: session_service_pb2.SessionRunRequest, context):
         spec = request.model_spec
         protos = {}

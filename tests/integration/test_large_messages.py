@@ -99,7 +99,7 @@ def test_an_error_message_of_non_ascii_characters_is_cut_as_grpc_encodes_it(daem
         stub.Predict(request, timeout=30)
     assert info.value.code() == grpc.StatusCode.NOT_FOUND
     details = info.value.details()
-    assert details.startswith("Request for unknown model: '模模") and details.endswith("more characters)")
+    assert details.startswith("Servable not found for request: Latest(模模") and details.endswith("more characters)")
 
 
 def test_large_typed_requests_and_answers_round_trip(daemon):

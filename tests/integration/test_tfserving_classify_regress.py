@@ -240,7 +240,7 @@ ERROR_CASES = {
         "Classify",
         lambda: classify_request(model="nope"),
         grpc.StatusCode.NOT_FOUND,
-        ["'nope'", "served models:", "tf2"],
+        ["Servable not found for request: Latest(nope); ", "'nope'", "served models:", "tf2"],
     ),
     "classify-on-regress-signature": (
         "Classify",

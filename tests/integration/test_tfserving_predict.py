@@ -164,12 +164,12 @@ ERROR_CASES = {
     "unknown-model": (
         lambda f: predict_request(_ones(f), model="nope"),
         grpc.StatusCode.NOT_FOUND,
-        ["'nope'", "served models: default"],
+        ["Servable not found for request: Latest(nope); ", "'nope'", "served models: default"],
     ),
     "unknown-version": (
         lambda f: predict_request(_ones(f), version=7),
         grpc.StatusCode.NOT_FOUND,
-        ["no version 7", "123"],
+        ["Servable not found for request: Specific(default, 7); ", "no version 7", "123"],
     ),
     "unknown-signature": (
         lambda f: predict_request(_ones(f), signature="nosuch"),
@@ -285,6 +285,12 @@ def test_get_model_status(daemon):
     req.model_spec.name = "nope"
     error = rpc_error(stub.GetModelStatus, req)
     assert error.code() == grpc.StatusCode.NOT_FOUND and "'nope'" in error.details()
+    assert error.details().startswith("Could not find any versions of model nope; ")  # TensorFlow Serving's words
+    req.model_spec.name = MODEL
+    req.model_spec.version.value = 7
+    error = rpc_error(stub.GetModelStatus, req)
+    assert error.code() == grpc.StatusCode.NOT_FOUND
+    assert error.details().startswith(f"Could not find version 7 of model {MODEL}; "), error.details()
 
 
 def test_health_and_reflection(daemon):
