@@ -47,6 +47,16 @@ def _not_found(message: str, tfserving: str) -> NotFound:
     return error
 
 
+def _unknown_label(name: str, label: str, spec: ModelSpec) -> InvalidArgument:
+    """INVALID_ARGUMENT, in TensorFlow Serving's words first ("Unrecognized servable version label: L"): labels are
+    TensorFlow Serving's (ModelSpec.version_label, REST's /labels/L)."""
+    labels = ", ".join(f"{k}={v}" for k, v in sorted(spec.labels.items())) or "none"
+    return InvalidArgument(
+        f"Unrecognized servable version label: {label}; model {name!r} has no version label {label!r} "
+        f"(labels: {labels})"
+    )
+
+
 def folder_fingerprint(path: str) -> tuple:
     """Names, sizes and modification times of the files under ``path``: changes while a folder is copied."""
     entries = []
@@ -370,9 +380,7 @@ class ModelManager(Generic[S]):
         model = self._model(name, f"Servable not found for request: {request}")
         if label:
             if label not in model.spec.labels:
-                labels = ", ".join(f"{k}={v}" for k, v in sorted(model.spec.labels.items())) or "none"
-                # INVALID_ARGUMENT, as TensorFlow Serving's "Unrecognized servable version label"
-                raise InvalidArgument(f"model {name!r} has no version label {label!r} (labels: {labels})")
+                raise _unknown_label(name, label, model.spec)
             version = model.spec.labels[label]
         if version is None:
             latest = model.latest()
@@ -405,8 +413,7 @@ class ModelManager(Generic[S]):
             model = self._model(name)
             if label:
                 if label not in model.spec.labels:
-                    labels = ", ".join(f"{k}={v}" for k, v in sorted(model.spec.labels.items())) or "none"
-                    raise InvalidArgument(f"model {name!r} has no version label {label!r} (labels: {labels})")
+                    raise _unknown_label(name, label, model.spec)
                 version = model.spec.labels[label]
             known = {**model.ended, **model.versions}
             if version is not None:

@@ -118,6 +118,11 @@ def test_version_labels_in_predict_metadata_and_status(policies):
         predict(policies.channel, "labelled", [[1.0]], label="beta")
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # as TensorFlow Serving's unrecognized label
     assert "'beta'" in info.value.details() and "stable=123" in info.value.details()
+    assert info.value.details().startswith("Unrecognized servable version label: beta; ")  # TensorFlow Serving's
+    with pytest.raises(grpc.RpcError) as info:
+        status(policies.channel, "labelled", label="beta")
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details().startswith("Unrecognized servable version label: beta; ")
 
 
 def test_good_model_config_from_tensorflow_serving_is_served(tmp_path):
