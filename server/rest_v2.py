@@ -1,13 +1,15 @@
 """KServe v2 (Open Inference Protocol) REST over the ServingCore, as tritonclient.http speaks it.
 
 - ``GET /v2``: server metadata; ``GET /v2/health/live`` (200 while the process runs), ``GET /v2/health/ready``
-  (200 while a model is available and the server is not draining, else 400).
+  (200 while a model is available and the server is not draining, else 400), answering KServe's
+  ``{"live": true}`` / ``{"ready": true}`` (Triton's bodies are empty; its clients read the status only).
 - ``GET /v2/models/{name}[/versions/{v}]``: model metadata (the ``serving_default`` signature's inputs and
   outputs, v2 datatypes, -1 for unknown dimensions; none for a model without that signature); ``.../ready``: 200
-  when that version serves, else 4xx; ``.../config``: the model's configuration in Triton's form
-  (server/v2_config.py); ``.../stats`` and ``GET /v2/models/stats``: inference statistics as Triton counts them
-  (server/v2_stats.py).
-- ``POST .../infer``: JSON tensors ``{"name", "shape", "datatype", "data"}`` (data flat or nested) and the binary
+  (``{"name": ..., "ready": true}``) when that version serves, else 4xx; ``.../config``: the model's
+  configuration in Triton's form (server/v2_config.py); ``.../stats`` and ``GET /v2/models/stats``: inference
+  statistics as Triton counts them (server/v2_stats.py).
+- ``POST .../infer``: JSON tensors ``{"name", "shape", "datatype", "data"}`` (data flat or nested; a null
+  ``id``, ``parameters`` or ``outputs`` is taken as absent, as KServe writes them) and the binary
   tensor extension: with header ``Inference-Header-Content-Length: N`` the first N bytes are the JSON and the
   rest the inputs' raw bytes, each input taking ``parameters.binary_data_size`` of them in order (fixed-size
   inputs become arrays over the body, no copy). Outputs come as JSON, or raw after the JSON when asked with
@@ -179,8 +181,14 @@ async def server_metadata(rest: Rest, request: web.Request, call: Call, info: Re
     return json_response(_SERVER)
 
 
+# The health answers carry KServe's JSON objects (kserve's InferenceRESTClient reads "live" and "ready" from them);
+# Triton's are empty, and tritonclient reads the status only.
+_LIVE = codec.dumps({"live": True})
+_READY = codec.dumps({"ready": True})
+
+
 async def live(rest: Rest, request: web.Request, call: Call, info: RequestInfo) -> web.Response:
-    return web.Response(status=200)
+    return json_response(_LIVE)
 
 
 async def ready(rest: Rest, request: web.Request, call: Call, info: RequestInfo) -> web.Response:
@@ -188,17 +196,17 @@ async def ready(rest: Rest, request: web.Request, call: Call, info: RequestInfo)
         raise HttpError("servex is shutting down", "UNAVAILABLE", 400)
     if not rest.core.manager.available_models():
         raise HttpError("no model is available yet", "UNAVAILABLE", 400)
-    return web.Response(status=200)
+    return json_response(_READY)
 
 
 async def model_ready(rest: Rest, request: web.Request, call: Call, info: RequestInfo) -> web.Response:
     try:
-        rest.core.resolve(call.model, _version(request))
+        served = rest.core.resolve(call.model, _version(request))
     except ServingError as e:  # not ready: 404 when it does not exist, else 400 (v2: any 4xx means false)
         raise HttpError(e.message, e.code, 404 if isinstance(e, NotFound) else 400) from None
     if rest.draining:
         raise HttpError("servex is shutting down", "UNAVAILABLE", 400)
-    return web.Response(status=200)
+    return json_response(codec.dumps({"name": served.name, "ready": True}))
 
 
 _METADATA: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # served version -> its answer
@@ -310,7 +318,7 @@ def _parameters(doc: Any, info: RequestInfo) -> tuple[Any, str, bool, dict[str, 
     request_id = doc.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise InvalidArgument(f"'id' must be a string, got {codec.type_name(request_id)}")
-    params = _dict(doc.get("parameters", {}), "parameters")
+    params = _dict(_given(doc, "parameters", {}), "parameters")
     if "priority" in params:
         info.priority = checked_priority(
             _integer(params["priority"], "parameters.priority", "larger runs first"), "parameters.priority"
@@ -324,7 +332,7 @@ def _parameters(doc: Any, info: RequestInfo) -> tuple[Any, str, bool, dict[str, 
     signature = params.get("signature_name", "")
     if not isinstance(signature, str):
         raise InvalidArgument(f"parameters.signature_name must be a string, got {codec.type_name(signature)}")
-    outputs = doc.get("outputs", [])
+    outputs = _given(doc, "outputs", [])
     if not isinstance(outputs, list):
         raise InvalidArgument(f"'outputs' must be a list of {{\"name\": ...}} objects, got {codec.type_name(outputs)}")
     filters: dict[str, bool] = {}
@@ -337,7 +345,7 @@ def _parameters(doc: Any, info: RequestInfo) -> tuple[Any, str, bool, dict[str, 
             raise InvalidArgument(f"outputs[{i}] has no 'name' (a string naming the output)")
         if name in filters:
             raise InvalidArgument(f"output {name!r} is requested twice")
-        out_params = _dict(out.get("parameters", {}), f"outputs[{i}].parameters")
+        out_params = _dict(_given(out, "parameters", {}), f"outputs[{i}].parameters")
         if v2_types.CLASSIFICATION in out_params:
             count = _integer(out_params[v2_types.CLASSIFICATION], f"outputs[{i}].parameters.classification", "top N")
             classes[name] = v2_types.classification_count(count, name)
@@ -345,6 +353,13 @@ def _parameters(doc: Any, info: RequestInfo) -> tuple[Any, str, bool, dict[str, 
             places[name] = _place(out_params, f"outputs[{i}].parameters", f"output {name!r}")
         filters[name] = _boolean(out_params.get("binary_data", binary_output), f"outputs[{i}].parameters.binary_data")
     return request_id, signature, binary_output, filters, classes, places
+
+
+def _given(doc: dict, key: str, default: Any) -> Any:
+    """``doc[key]``, ``default`` when it is absent or null: KServe's own JSON (its pydantic models, answers passed
+    on as requests) writes ``"parameters": null`` for no parameters."""
+    value = doc.get(key)
+    return default if value is None else value
 
 
 def _dict(value: Any, where: str) -> dict:
@@ -390,7 +405,7 @@ def decode_inputs(doc: dict, binary: memoryview, shared) -> dict[str, np.ndarray
         if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
             raise InvalidArgument(f"input {name!r}: 'shape' must be a list of integers, got {codec.show(shape)}")
         count = v2_types.element_count(shape, name)
-        params = _dict(tensor.get("parameters", {}), f"inputs[{i}].parameters")
+        params = _dict(_given(tensor, "parameters", {}), f"inputs[{i}].parameters")
         if v2_types.SHARED_MEMORY_REGION in params:
             if "data" in tensor or "binary_data_size" in params:
                 raise InvalidArgument(f"input {name!r} has data and a shared memory region: send one of them")

@@ -381,6 +381,34 @@ def test_head_on_get_endpoints(daemon, path):
     assert request_of(daemon, "GET", path)[0] == 200
 
 
+@pytest.mark.parametrize(
+    ("path", "answer"),
+    [("/v2/health/live", {"live": True}), ("/v2/health/ready", {"ready": True}),
+     ("/v2/models/hp2/ready", {"name": "hp2", "ready": True}),
+     ("/v2/models/hp2/versions/123/ready", {"name": "hp2", "ready": True})],
+)  # fmt: skip
+def test_health_answers_carry_kserves_json(daemon, path, answer):
+    """kserve's InferenceRESTClient (protocol v2) reads ``response.json().get("live")`` / ``.get("ready")``: an
+    empty body (Triton's) raised JSONDecodeError in is_server_live and is_server_ready."""
+    status, headers, body = request_of(daemon, "GET", path)
+    assert status == 200 and headers["Content-Type"].startswith("application/json"), (status, headers)
+    assert json.loads(body) == answer
+
+
+def test_null_optional_fields_are_absent_as_kserve_writes_them(daemon):
+    """KServe's pydantic request and response models write ``"parameters": null`` (and ``"outputs": null``) for
+    none: a request in KServe's JSON was 400 "'parameters' must be a JSON object, got null"."""
+    x = {**X1, "parameters": None}
+    status, answer = post(daemon, HP2, infer_json([x], id=None, parameters=None, outputs=None))
+    assert status == 200, answer
+    outputs = [{"name": "y", "parameters": None}]
+    assert post(daemon, HP2, infer_json([X1], parameters=None, outputs=outputs)) == (200, {})
+    head, headers = binary_body([_bin([1, 1], 4)], struct.pack("<f", 1.0), parameters=None, outputs=None)
+    assert post(daemon, HP2, head, headers) == (200, {})
+    status, answer = post(daemon, HP2, infer_json([X1], parameters=[]))  # not null: still refused
+    assert status == 400 and answer["error"] == "'parameters' must be a JSON object, got array"
+
+
 def test_errors_reach_tritonclient_and_daemon_keeps_serving(client, daemon):
     with pytest.raises(InferenceServerException) as e:
         client.infer("mlp", [tensor("features", features(2)[:, :63].copy(), "FP32")])
