@@ -30,7 +30,7 @@ from protos.inference import grpc_service_pb2 as pb
 from protos.inference import grpc_service_pb2_grpc as pb_grpc
 from server import tensors, v2_config, v2_stats, v2_types
 from server.core import DEFAULT_SIGNATURE, REQUEST, RequestInfo, ServingCore, checked_priority
-from server.rpc import Malformed, bounded, check_answer_size, ended_code, model_name, record, request_info, rpc
+from server.rpc import Malformed, abort, bounded, check_answer_size, ended_code, model_name, record, request_info, rpc
 from server.shared_memory import NO_CUDA_MEMORY
 from server.v2_config import PLATFORM
 
@@ -232,7 +232,7 @@ class KServeService(_ServerCalls, _ModelCalls, pb_grpc.GRPCInferenceServiceServi
                 record(self.core, "ModelStreamInfer", model_name(request), info, code, start)
             if error is not None:
                 if grpc_errors:
-                    await context.abort(getattr(grpc.StatusCode, error.code), bounded(error.message))
+                    await abort(context, getattr(grpc.StatusCode, error.code), bounded(error.message))
                 answer = pb.ModelStreamInferResponse(error_message=f"{error.code}: {error.message}")
                 if type(request) is not Malformed:  # which request failed
                     failed = answer.infer_response

@@ -155,10 +155,21 @@ def rpc(method):
             status, message = grpc.StatusCode.INTERNAL, f"internal error in {name}: {type(e).__name__}: {e}"
         finally:  # counted before the caller hears back, so a client that then reads /metrics sees its call
             record(self.core, name, model, info, code, start)
-        await context.abort(status, bounded(message))
+        await abort(context, status, bounded(message))
 
     wrapper.parses_malformed = True
     return wrapper
+
+
+async def abort(context, status: grpc.StatusCode, message: str) -> None:
+    """End the call with ``status``, as ``context.abort`` does. A call gRPC has ended already (its deadline passed
+    at the moment servex's own timer fired, or the client went away) cannot take a status: grpcio then raises its
+    ExecuteBatchError (an ``aio.InternalError``) and logs a traceback for the call, unless it has heard of the end
+    by then. Raised as CancelledError instead, the call ends as one gRPC cancelled, without a log line."""
+    try:
+        await context.abort(status, message)
+    except grpc.aio.InternalError:
+        raise asyncio.CancelledError from None
 
 
 def ended_code(deadline: float | None) -> str:

@@ -1,15 +1,16 @@
 """server/rpc.py: error messages bounded as gRPC sends them (percent-encoded), and requests that do not parse
-handed to servex's methods instead of failing inside grpcio."""
+handed to servex's methods instead of failing inside grpcio; a status for a call gRPC has ended dropped quietly."""
 
 from __future__ import annotations
 
+import asyncio
 import urllib.parse
 
 import grpc
 import pytest
 from tensorflow_serving.apis import predict_pb2
 
-from server.rpc import MAX_MESSAGE_CHARS, Malformed, bounded, lenient
+from server.rpc import MAX_MESSAGE_CHARS, Malformed, abort, bounded, lenient
 
 
 def encoded(message: str) -> int:
@@ -55,3 +56,23 @@ def test_lenient_leaves_other_handlers_as_they_are():
 
     handler = grpc.unary_unary_rpc_method_handler(method, request_deserializer=predict_pb2.PredictRequest.FromString)
     assert lenient(handler) is handler
+
+
+class _EndedCall:
+    """A servicer context whose call gRPC has ended: sending its status fails as grpcio's does (ExecuteBatchError,
+    an aio.InternalError), which grpcio logs with a traceback when it propagates."""
+
+    async def abort(self, code, details):
+        raise grpc.aio.InternalError('Failed "execute_batch"')
+
+
+class _LiveCall:
+    async def abort(self, code, details):
+        raise grpc.aio.AbortError(f"{code}: {details}")
+
+
+def test_a_status_for_a_call_grpc_has_ended_ends_it_as_cancelled():
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(abort(_EndedCall(), grpc.StatusCode.DEADLINE_EXCEEDED, "waited too long"))
+    with pytest.raises(grpc.aio.AbortError):  # a live call is aborted as by context.abort
+        asyncio.run(abort(_LiveCall(), grpc.StatusCode.INVALID_ARGUMENT, "bad input"))
