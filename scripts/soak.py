@@ -7,7 +7,8 @@ over every API it serves, a mix of answered calls and the failures a client can 
 dtypes and shapes, bytes that do not parse, bad JSON, deadlines too short to meet, calls cancelled while queued or
 running, streams cut mid-way, shared-memory regions registered and unregistered. Every ``--reload_every`` seconds it
 reloads the model config with or without a second copy of half_plus_two, so versions load and unload throughout.
-Every unexpected answer is counted (``unexpected`` in the summary must stay 0).
+Every unexpected answer is counted (``unexpected`` in the summary must stay 0), and
+so are the tracebacks in servex's log (``log_tracebacks``, 0 too).
 
 The daemon's RSS, open descriptors and threads are sampled every ``--sample_s`` seconds and printed as JSON lines;
 the summary compares the end with the end of the first ``--warmup_fraction`` of the run and fits a line through the
@@ -433,6 +434,7 @@ def main() -> None:
         ),
         "fds": {"after_warmup": first["fds"], "end": last["fds"]},
         "threads": {"after_warmup": first["threads"], "end": last["threads"]},
+        "log_tracebacks": daemon.log().count("Traceback"),
         "servex_flags": a.servex_flag,
     }
     print(json.dumps({"summary": summary}), flush=True)
