@@ -134,6 +134,10 @@ def test_eager_restore_puts_everything_on_the_device():
     model = load_saved_model(str(HALF_PLUS_TWO_TF1 / "00000123"), lazy_restore=False)
     try:
         assert {state for _, state in model.variables.listing()} == {ON_DEVICE}
+        model.variables.assign("a", np.float32(4.0))  # a TF1 ref variable, its Assign fed in place of the read
+        sig = model.signatures["serving_default"]
+        y = GraphExecutor(model).run({sig.inputs["x"].name: np.ones((1, 1), np.float32)}, [sig.outputs["y"].name])
+        assert y[0].ravel().tolist() == [6.0]  # a * x + b, with a replaced and b as read
     finally:
         model.close()
 
