@@ -26,9 +26,9 @@ from tensorflow.core.framework import types_pb2
 from tensorflow.core.protobuf import config_pb2
 
 from executor.metrics import CacheMetrics
-from executor.op_policy import OpPolicy, walk
+from executor.op_policy import OpPolicy
 from loader.errors import InvalidArgument, ServingError, error_with_code
-from loader.saved_model import SavedModelVersion, shape_matches, shape_text
+from loader.saved_model import SavedModelVersion, shape_matches, shape_text, walk
 from loader.variables import PREPARE_POOL
 from transfer import H2DTransferExecutorFactory, make_factory
 
@@ -302,7 +302,9 @@ class GraphExecutor:
         policy = self._policy
         if policy is None:
             model = self.model
-            policy = self._policy = OpPolicy(model.graph, model.meta_graph.graph_def.library, model.signatures)
+            policy = self._policy = OpPolicy(
+                model.graph, model.meta_graph.graph_def.library, model.signatures, model.signature_ops
+            )
         return policy
 
     def _tensor(self, name: str, role: str):

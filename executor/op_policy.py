@@ -26,6 +26,7 @@ from collections.abc import Iterable
 from tensorflow.python.framework import op_def_registry
 
 from loader.errors import PermissionDenied
+from loader.saved_model import walk
 
 # Ops that change state every client of the model shares, or read, write or list files. Grouped by what they do;
 # TensorFlow 2.21's op registry was the source (a test checks that every optimizer, scatter and assign op it
@@ -130,8 +131,10 @@ class OpPolicy:
     its inputs, through data and control edges), each with the input tensors of the signatures it belongs to.
     """
 
-    def __init__(self, graph, library, signatures):
-        """``graph`` (a tf.Graph), ``library`` (its FunctionDefLibrary), ``signatures`` (name -> Signature)."""
+    def __init__(self, graph, library, signatures, signature_ops=None):
+        """``graph`` (a tf.Graph), ``library`` (its FunctionDefLibrary), ``signatures`` (name -> Signature),
+        ``signature_ops`` (name -> the ops the signature runs, as ``walk`` finds them, when the loader walked
+        them already)."""
         self._functions = {f.signature.name: f for f in library.function}
         self._function_ops: dict[str, frozenset[str]] = {}  # function name -> state-changing op types it runs
         self._bodies: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {}  # its own types, the functions it calls
@@ -141,8 +144,10 @@ class OpPolicy:
         allowed: dict[str, list[frozenset[str]]] = {}
         for sig in signatures.values():
             inputs = frozenset(spec.name for spec in sig.inputs.values())
-            outputs = [graph.get_tensor_by_name(spec.name).op for spec in sig.outputs.values()]
-            for op in walk(outputs, inputs):
+            ops = (signature_ops or {}).get(sig.name)
+            if ops is None:
+                ops = walk([graph.get_tensor_by_name(spec.name).op for spec in sig.outputs.values()], inputs)
+            for op in ops:
                 if self.kinds(op):
                     allowed.setdefault(op.name, []).append(inputs)
         self.allowed = {name: tuple(sets) for name, sets in allowed.items()}
@@ -273,22 +278,6 @@ def _function_attrs(op_type: str) -> tuple[str, ...]:
     if op_def is None:
         return ()
     return tuple(a.name for a in op_def.attr if a.type in ("func", "list(func)"))
-
-
-def walk(roots, fed: frozenset[str]) -> list:
-    """The ops TensorFlow runs for ``roots`` (ops) when the tensors named in ``fed`` are fed: everything they
-    reach back through data and control edges, stopping at fed tensors."""
-    seen, ops = set(), []
-    stack = list(roots)
-    while stack:
-        op = stack.pop()
-        if op.name in seen:
-            continue
-        seen.add(op.name)
-        ops.append(op)
-        stack.extend(t.op for t in op.inputs if t.name not in fed)
-        stack.extend(op.control_inputs)
-    return ops
 
 
 def fed_upstream(op, fed: frozenset[str]) -> frozenset[str]:

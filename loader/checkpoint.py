@@ -7,6 +7,7 @@ Only the index is read at load; a tensor's data is read when ``read`` asks for i
 from __future__ import annotations
 
 import glob
+import math
 import os
 from collections import deque
 from dataclasses import dataclass
@@ -151,7 +152,7 @@ class CheckpointEntry:
 
     @property
     def nbytes(self) -> int:
-        return 0 if self.dtype == object else int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        return 0 if self.dtype == object else math.prod(self.shape) * self.dtype.itemsize
 
 
 class Checkpoint:

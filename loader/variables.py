@@ -3,8 +3,9 @@
 - **Restore registry**: variable name -> (dtype, shape, future of its one read). Registering a name that exists
   succeeds only for an equal dtype and shape (idempotent), else ALREADY_EXISTS naming both specs. A variable's data
   is read at most once, on the restore pool (separate from the run workers), by TensorFlow itself: the version's
-  graph holds, per variable, a RestoreV2 of its checkpoint entry feeding an assign (built at load), so the data
-  goes from the file into a buffer the variable owns, with no host copy in Python.
+  graph holds RestoreV2 ops of the checkpoint entries feeding an assign per variable (built at load: with lazy
+  restoration one per variable, and one per set of variables a restore will likely bring in together; eager, one
+  for all), so the data goes from the file into a buffer the variable owns, with no host copy in Python.
 - **Loaded-variable registry**: (name, device) -> the future of the variable's placement on that device (its
   read, above); each variable is placed once per device and shared by every client graph of the version. New
   values (AssignVariable) go through the transfer executor factory.
@@ -209,17 +210,26 @@ def all_of(futures: list[Future]) -> Future:
 
 @dataclass(frozen=True)
 class VariableRecord:
-    """A graph variable: its checkpoint key, the op that restores it, and the feed/assign pair that replaces it."""
+    """A graph variable: its checkpoint key, and the assign that gives it its checkpoint entry's value (or, with
+    ``value`` fed, a new value)."""
 
     name: str  # the variable op
     key: str  # its checkpoint key
     dtype: np.dtype
     shape: tuple[int, ...]
     nbytes: int
-    placeholder: str  # tensor fed with a new value
-    assign: str  # op that assigns the fed value
-    restore: str  # op that reads the checkpoint entry into the variable, inside TensorFlow
+    value: str  # the read's output that ``assign`` assigns; fed with a new value, the read does not run
+    assign: str  # op that assigns ``value`` to the variable
     resource: bool  # a resource variable (VarHandleOp) rather than a TF1 ref variable
+
+
+@dataclass(frozen=True)
+class RestoreOp:
+    """One read of the checkpoint (a RestoreV2 of some entries) and the assigns it feeds: running ``assigns``
+    restores exactly ``variables``."""
+
+    variables: frozenset[str]
+    assigns: tuple[str, ...]
 
 
 class RunGate:
@@ -267,8 +277,21 @@ class VariableStore:
         device: str = "cpu",
         transfer=None,
         hooks: VariableHooks | None = None,
+        restores: Iterable[RestoreOp] | None = None,
     ):
+        """``restores``: the reads a restore can run (default: each record's assign, reading that variable);
+        a restore runs those of the largest sets it needs whole, then those of one variable."""
         self.records = records
+        if restores is None:
+            restores = [RestoreOp(frozenset([r.name]), (r.assign,)) for r in records.values()]
+        self._single = {}  # variable -> the assign of its own read
+        self._groups = []  # reads of several variables, largest first
+        for op in restores:
+            if len(op.variables) == 1:
+                self._single.update(zip(op.variables, op.assigns, strict=True))
+            else:
+                self._groups.append(op)
+        self._groups.sort(key=lambda op: -len(op.variables))
         self._session = session
         self.device = device
         self._transfer = transfer
@@ -295,8 +318,9 @@ class VariableStore:
         log.info("%d variables restored (%d bytes)", len(names), sum(self.records[n].nbytes for n in names))
 
     def _restore(self, names: list[str]) -> None:
-        """Read the variables' checkpoint entries straight into them, inside TensorFlow, in one run (per variable,
-        a RestoreV2 feeding an assign that adopts the read buffer): one buffer each, the variable's own.
+        """Read the variables' checkpoint entries straight into them, inside TensorFlow, in one run (a RestoreV2 per
+        group of them or per variable, feeding an assign per variable that adopts the read buffer): one buffer
+        each, the variable's own.
 
         - Fed from Python instead (a host array read, then assigned), a variable shared a buffer it did not own,
           and TensorFlow copies such a buffer on the first sparse read (an embedding lookup) while the old one
@@ -304,7 +328,7 @@ class VariableStore:
         - One run per variable instead made TensorFlow build an executor for each (pruning the whole graph each
           time): 300 variables took 18 s to restore, 2,000 over 20 minutes."""
         try:
-            self._session.run([self.records[n].restore for n in names])
+            self._session.run(self._restore_targets(names))
         except tf.errors.OpError as e:  # the checkpoint's files changed or broke after the load
             first = sorted(names)[:5]
             shown = ", ".join(map(repr, first)) + (f" and {len(names) - len(first)} more" if len(names) > 5 else "")
@@ -312,10 +336,26 @@ class VariableStore:
                 13, f"reading variable(s) {shown} from the checkpoint failed: {_op_error_text(e)}"
             ) from e
 
+    def _restore_targets(self, names: list[str]) -> list[str]:
+        """The assigns that restore exactly ``names``: whole groups (one RestoreV2 each), then single reads."""
+        remaining = set(names)
+        targets = []
+        for op in self._groups:
+            if len(op.variables) <= len(remaining) and op.variables <= remaining:
+                targets.extend(op.assigns)
+                remaining -= op.variables
+        missing = sorted(n for n in remaining if n not in self._single)
+        if missing:  # only a group reads them (all restored at load): reading it would overwrite the others
+            raise error_with_code(
+                13, f"variable(s) {', '.join(map(repr, missing[:5]))} can only be read with others, all at once"
+            )
+        targets.extend(self._single[n] for n in remaining)
+        return targets
+
     def _assign(self, record: VariableRecord, value: np.ndarray) -> None:
         if self._transfer is not None:
             value = self._transfer.transfer([value])[0]
-        self._session.run(record.assign, {record.placeholder: value})
+        self._session.run(record.assign, {record.value: value})
 
     def state(self, name: str) -> str:
         if self.loaded.placed(name, self.device):

@@ -92,9 +92,9 @@ def test_an_initializer_s_assign_is_refused_and_the_variable_keeps_its_value(tf1
 
 def test_the_restore_assign_servex_adds_is_not_runnable_by_name(tf1):
     executor = GraphExecutor(tf1)
-    record = tf1.variables.records["v"]  # the placeholder/assign pair that lazy restoration runs itself
+    record = tf1.variables.records["v"]  # the read/assign pair that lazy restoration runs itself
     assert record.assign.startswith("servex_restore/")
-    message = refused(executor, {record.placeholder: np.array(7.0, np.float32)}, [], [record.assign])
+    message = refused(executor, {record.value: np.array(7.0, np.float32)}, [], [record.assign])
     assert_names_the_rule(message, record.assign, "type Assign")
     np.testing.assert_array_equal(y_of(executor), X * 3 + 1)
 

@@ -14,6 +14,7 @@ from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
 
 from executor import GraphExecutor
 from loader import LoadError, ServingError, load_saved_model
+from loader.saved_model import _runs_nothing
 from tests.conftest import BAD_HALF_PLUS_TWO, HALF_PLUS_TWO_TF1, HALF_PLUS_TWO_TF2
 
 TF1_PATH = HALF_PLUS_TWO_TF1 / "00000123"
@@ -359,3 +360,33 @@ def test_keras_model_saved_with_tf_saved_model_save_serves_its_trained_values(tm
     (fetch,) = [spec.name for spec in sig.outputs.values()]
     (got,) = GraphExecutor(loaded).run({feed: words}, [fetch])
     np.testing.assert_allclose(got, expected, rtol=1e-6)
+
+
+def test_an_init_op_runs_unless_it_is_a_bare_no_op():
+    graph = tf.Graph()
+    with graph.as_default():
+        v = tf.compat.v1.Variable(1.0, name="v", use_resource=False)
+        bare = tf.no_op(name="bare")
+        with tf.control_dependencies([v.initializer]):
+            grouping = tf.no_op(name="grouping")
+    assert _runs_nothing(bare)
+    assert not _runs_nothing(grouping) and not _runs_nothing(v.initializer)
+
+
+def test_a_tf2_table_initialized_by_the_init_op_serves(tmp_path):
+    """A TF2 export's init op is a NoOp that waits for its tables' initializers: it runs."""
+    path = str(tmp_path / "1")
+    module = tf.Module()
+    module.table = tf.lookup.StaticHashTable(
+        tf.lookup.KeyValueTensorInitializer(tf.constant(["a", "b"]), tf.constant([1, 2], tf.int64)), default_value=-1
+    )
+    module.f = tf.function(lambda k: {"v": module.table.lookup(k)}, input_signature=[tf.TensorSpec([None], tf.string)])
+    tf.saved_model.save(module, path, signatures={"serving_default": module.f})
+    model = load_saved_model(path)
+    try:
+        sig = model.signatures["serving_default"]
+        keys = np.array([b"b", b"z", b"a"], dtype=object)
+        got = GraphExecutor(model).run({sig.inputs["k"].name: keys}, [sig.outputs["v"].name])[0]
+        assert got.tolist() == [2, -1, 1]
+    finally:
+        model.close()

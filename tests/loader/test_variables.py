@@ -10,6 +10,7 @@ import threading
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from executor import GraphExecutor
 from loader import load_saved_model
@@ -133,6 +134,10 @@ def test_eager_restore_puts_everything_on_the_device():
     model = load_saved_model(str(HALF_PLUS_TWO_TF1 / "00000123"), lazy_restore=False)
     try:
         assert {state for _, state in model.variables.listing()} == {ON_DEVICE}
+        model.variables.assign("a", np.float32(4.0))  # a TF1 ref variable, its Assign fed in place of the read
+        sig = model.signatures["serving_default"]
+        y = GraphExecutor(model).run({sig.inputs["x"].name: np.ones((1, 1), np.float32)}, [sig.outputs["y"].name])
+        assert y[0].ravel().tolist() == [6.0]  # a * x + b, with a replaced and b as read
     finally:
         model.close()
 
@@ -205,5 +210,100 @@ def test_a_checkpoint_broken_after_the_load_fails_the_run_clearly_and_a_repaired
         data.write_bytes(good)  # repaired: the next run reads it
         y = executor.run({sig.inputs["x"].name: np.full(1, 2.0, np.float32)}, [sig.outputs["y"].name])[0]
         assert y.tolist() == [3.0]  # 0.5 * 2 + 2
+    finally:
+        model.close()
+
+
+@pytest.fixture(scope="module")
+def three(tmp_path_factory) -> str:
+    """A TF2 export of variables a, b, c (float32[2], each 1.0, 2.0, 3.0 twice); signature ``ab``: x + sum(a) +
+    sum(b), ``bc``: x + sum(b) + sum(c)."""
+    path = str(tmp_path_factory.mktemp("three") / "1")
+    module = tf.Module()
+    module.a, module.b, module.c = (tf.Variable(tf.fill([2], float(i)), name=n) for i, n in enumerate("abc", 1))
+    spec = [tf.TensorSpec([None])]
+    ab = tf.function(lambda x: {"y": x + tf.reduce_sum(module.a) + tf.reduce_sum(module.b)}, input_signature=spec)
+    bc = tf.function(lambda x: {"y": x + tf.reduce_sum(module.b) + tf.reduce_sum(module.c)}, input_signature=spec)
+    tf.saved_model.save(module, path, signatures={"ab": ab, "bc": bc})
+    return path
+
+
+class RecordingSession:
+    """The session, with the targets of each run recorded."""
+
+    def __init__(self, session):
+        self.session, self.runs = session, []
+
+    def run(self, fetches, feed_dict=None):
+        self.runs.append(fetches)
+        return self.session.run(fetches, feed_dict)
+
+
+def reads_of(model, targets) -> list:
+    """The RestoreV2 ops whose outputs the assigns ``targets`` assign."""
+    return sorted({model.graph.get_operation_by_name(t).inputs[1].op.name for t in targets})
+
+
+def y(model, signature: str) -> float:
+    sig = model.signatures[signature]
+    return GraphExecutor(model).run({sig.inputs["x"].name: np.zeros(1, np.float32)}, [sig.outputs["y"].name])[0][0]
+
+
+def servex_ops(model, op_type: str) -> list:
+    return [op for op in model.graph.get_operations() if op.name.startswith("servex_restore") and op.type == op_type]
+
+
+def test_a_signature_s_variables_are_read_by_one_restore_op_and_no_others(three):
+    model = load_saved_model(three)
+    try:
+        store = model.variables
+        a, b, c = (next(n for n, r in store.records.items() if r.key.startswith(f"{v}/")) for v in "abc")
+        # A read per variable, one per signature's pair; no placeholder: a new value is fed in place of the read.
+        assert sorted(len(op.outputs) for op in servex_ops(model, "RestoreV2")) == [1, 1, 1, 2, 2]
+        assert servex_ops(model, "Placeholder") == []
+        session = store._session = RecordingSession(store._session)
+        assert y(model, "ab") == 6.0
+        (targets,) = session.runs
+        (read,) = reads_of(model, targets)  # one RestoreV2, of a and b only
+        assert len(model.graph.get_operation_by_name(read).outputs) == 2
+        assert store.state(a) == store.state(b) == ON_DEVICE and store.state(c) == UNRESTORED
+        store.assign(b, np.full(2, 10.0, np.float32))
+        assert y(model, "bc") == 26.0  # b keeps its new value: only c was read
+        (targets,) = session.runs[2:]  # [1] was the assign
+        assert [model.graph.get_operation_by_name(t).inputs[0].op.name for t in targets] == [c]
+        assert len(model.graph.get_operation_by_name(reads_of(model, targets)[0]).outputs) == 1
+        assert store.ensure([a]) is None and store.ensure([a, b]) is None
+    finally:
+        model.close()
+
+
+def test_a_part_of_a_group_is_read_alone(three):
+    model = load_saved_model(three)
+    try:
+        store = model.variables
+        a, b = (next(n for n, r in store.records.items() if r.key.startswith(f"{v}/")) for v in "ab")
+        session = store._session = RecordingSession(store._session)
+        store.ensure([a]).result(30)
+        (targets,) = session.runs
+        assert len(targets) == 1 and len(model.graph.get_operation_by_name(reads_of(model, targets)[0]).outputs) == 1
+        assert store.state(b) == UNRESTORED
+        assert y(model, "ab") == 6.0  # b then alone too: the pair's read would read a again
+        assert len(session.runs[1]) == 1 and reads_of(model, session.runs[1]) != reads_of(model, targets)
+    finally:
+        model.close()
+
+
+def test_an_eager_load_reads_every_variable_in_one_restore_op_and_assigns_one(three):
+    model = load_saved_model(three, lazy_restore=False)
+    try:
+        store = model.variables
+        (read,) = servex_ops(model, "RestoreV2")
+        assert len(read.outputs) == 3 and servex_ops(model, "Placeholder") == []
+        assert {state for _, state in store.listing()} == {ON_DEVICE}
+        b = next(n for n, r in store.records.items() if r.key.startswith("b/"))
+        store.assign(b, np.full(2, 10.0, np.float32))  # fed in place of the shared read's output
+        assert (y(model, "ab"), y(model, "bc")) == (22.0, 26.0)
+        with pytest.raises(InvalidArgument, match=r"float32\[2\].*float32\[3\]"):
+            store.assign(b, np.zeros(3, np.float32))
     finally:
         model.close()
