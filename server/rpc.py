@@ -146,6 +146,8 @@ def rpc(method):
         except ServingError as e:
             code = e.code
             status, message = getattr(grpc.StatusCode, e.code), e.message
+            if deadline is not None and time.monotonic() >= deadline:  # what the client hears (below)
+                code = "DEADLINE_EXCEEDED"
         except asyncio.CancelledError:  # gRPC ended the call: its deadline passed, or the client cancelled it
             code = ended_code(deadline)
             raise
@@ -155,6 +157,11 @@ def rpc(method):
             status, message = grpc.StatusCode.INTERNAL, f"internal error in {name}: {type(e).__name__}: {e}"
         finally:  # counted before the caller hears back, so a client that then reads /metrics sees its call
             record(self.core, name, model, info, code, start)
+        if deadline is not None and time.monotonic() >= deadline:
+            # gRPC ends the call at its deadline and tells the client DEADLINE_EXCEEDED itself (the client's own
+            # timer fires first: the server's deadline is the client's plus the transit). A status sent now finds
+            # the call ended, or about to be: grpcio leaks the failed send's operations (grpc/grpc#43360).
+            raise asyncio.CancelledError
         await abort(context, status, bounded(message))
 
     wrapper.parses_malformed = True
