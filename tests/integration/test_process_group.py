@@ -34,6 +34,17 @@ def _children(pid: int) -> list[int]:
     return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
+def _describe(pid: int) -> str:
+    """A process's state, parent and command line from /proc (or that it is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return "gone"
+    state, parent = stat.rsplit(")", 1)[1].split()[:2]
+    return f"state {state}, parent {parent}: {cmdline[:200]}"
+
+
 def _established_on(pid: int, port: int) -> int:
     """Established TCP connections that process ``pid`` holds on local port ``port`` (from /proc)."""
     inodes = set()
@@ -132,7 +143,8 @@ def test_sigterm_drains_every_process(tmp_path):
     assert _predict(daemon.channel, [2.0]) == [3.0]
     daemon.proc.send_signal(signal.SIGTERM)
     assert daemon.wait_exit(60) == 0
-    assert all(not Path(f"/proc/{pid}").exists() for pid in children)
+    left = {pid: _describe(pid) for pid in children if Path(f"/proc/{pid}").exists()}
+    assert not left, left  # (once seen failing in a full run, not since: the description says what was left)
     assert daemon.log().count("servex stopped") == 2
     daemon.stop()
 
