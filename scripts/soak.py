@@ -355,6 +355,13 @@ def main() -> None:
     base = {"mlp": work / "mlp", "hp2": Path(HALF_PLUS_TWO_TF1)}
     config = model_config_file(work, base)
     daemon = Daemon([f"--model_config_file={config}", *a.servex_flag], work, rest=True).wait_serving()
+    only = [n for n in a.only.split(",") if n]
+    probe = Traffic(daemon, 0)
+    kinds = [c.__name__ for c, _ in probe.calls()]
+    probe.close()
+    if any(n not in kinds for n in only):
+        daemon.stop()
+        raise SystemExit(f"--only={a.only}: the kinds of call are {', '.join(kinds)}")
     outcomes: Counter[str] = Counter()
     calls = [0]
     lock = threading.Lock()
@@ -362,7 +369,7 @@ def main() -> None:
 
     def caller(seed: int) -> None:
         traffic = Traffic(daemon, seed)
-        mix = [(c, w) for c, w in traffic.calls() if not a.only or c.__name__ in a.only.split(",")]
+        mix = [(c, w) for c, w in traffic.calls() if not only or c.__name__ in only]
         choices, weights = zip(*mix, strict=True)
         try:
             while not stop.is_set():
