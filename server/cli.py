@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 from typing import NamedTuple
 
@@ -470,9 +471,19 @@ def main(argv: list[str] | None = None) -> None:
         from server.supervisor import supervise  # no TensorFlow in the supervisor
 
         sys.exit(supervise(settings, sys.argv[1:] if argv is None else argv))
+    # Until the server takes SIGTERM/SIGINT over (to drain), one stops the process at once: nothing is served yet,
+    # so there is nothing to drain, and it exits 0 as a drained stop does (a signal's default action would kill it
+    # mid-import, which a process group's supervisor then reported as a failure).
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _stop_before_serving)
     from server.app import run  # imports TensorFlow
 
     sys.exit(run(settings))
+
+
+def _stop_before_serving(signum, _frame) -> None:
+    logging.getLogger("servex").info("%s before serving: stopped", signal.Signals(signum).name)
+    raise SystemExit(0)
 
 
 if __name__ == "__main__":

@@ -41,12 +41,12 @@ def supervise(settings: ServerSettings, argv: list[str]) -> int:
     env = dict(os.environ, PROMETHEUS_MULTIPROC_DIR=metrics_dir)
     command = [sys.executable, "-m", "server", *argv, "--serving_processes=1", f"--process_group_size={n}",
                "--metrics_port=0"]  # fmt: skip
-    stopping = False
+    stopping = 0  # the signal the group was stopped with
     children: list[subprocess.Popen] = []
 
     def stop(signum, _frame) -> None:
         nonlocal stopping
-        stopping = True
+        stopping = stopping or signum
         for child in children:
             if child.poll() is None:
                 child.send_signal(signum)
@@ -63,9 +63,13 @@ def supervise(settings: ServerSettings, argv: list[str]) -> int:
         if settings.rest_api_port:
             refuse_if_taken(settings.bind_address, settings.rest_api_port)
         for index in range(n):
+            if stopping:  # a signal came while the group started: start no more
+                break
             cpu = settings.event_loop_cpu
             pin = [f"--event_loop_cpu={group_index(cpu, index)}"] if cpu >= 0 else []  # each loop its own CPU
             children.append(subprocess.Popen(command + pin, env=env))
+            if stopping:  # it came while this process was being started, before the list held it
+                children[-1].send_signal(stopping)
         log.info("supervising %d serving processes (pids %s) on port %d", n, [c.pid for c in children], settings.port)
         while any(child.poll() is None for child in children):
             for child in children:
@@ -88,7 +92,8 @@ def supervise(settings: ServerSettings, argv: list[str]) -> int:
         if metrics_server is not None:
             metrics_server.shutdown()
         shutil.rmtree(metrics_dir, ignore_errors=True)
-    codes = [child.returncode for child in children]
+    # A process that the signal it was sent ended (before it could take it over to drain) stopped as asked.
+    codes = [0 if stopping and child.returncode == -stopping else child.returncode for child in children]
     if exit_code == 0:
         exit_code = next((c for c in codes if c), 0)
     log.info("serving processes exited with %s", codes)

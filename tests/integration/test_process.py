@@ -180,6 +180,20 @@ def test_sigterm_finishes_in_flight_calls_refuses_new_ones_and_exits_zero(slow_m
     daemon.stop()
 
 
+def test_sigterm_while_tensorflow_imports_exits_zero(tmp_path):
+    # Before the server takes SIGTERM over, the signal's default action killed the process (-15), and a process
+    # group's supervisor reported the group's stop as a failure (exit 241).
+    daemon = Daemon([], tmp_path)
+    deadline = time.monotonic() + 60
+    while "tensorflow" not in Path(f"/proc/{daemon.proc.pid}/maps").read_text():  # importing TensorFlow
+        assert time.monotonic() < deadline and daemon.proc.poll() is None, daemon.log()
+        time.sleep(0.01)
+    daemon.proc.send_signal(signal.SIGTERM)
+    assert daemon.wait_exit(60) == 0, daemon.log()
+    assert "SIGTERM before serving: stopped" in daemon.log()
+    daemon.stop()
+
+
 def test_broadcast_beyond_the_message_limit_is_refused_and_serving_goes_on(start_daemon):
     daemon = start_daemon("--max_message_bytes=1048576")
     req = predict_pb2.PredictRequest()

@@ -149,6 +149,20 @@ def test_sigterm_drains_every_process(tmp_path):
     daemon.stop()
 
 
+def test_sigterm_while_the_processes_start_exits_zero(tmp_path):
+    # A serving process the SIGTERM reaches before it serves stops as asked (the supervisor used to exit 241, the
+    # status of a process its default action had killed).
+    daemon = Daemon([f"--model_base_path={HALF_PLUS_TWO_TF1}", "--model_name=half", "--serving_processes=2"], tmp_path)
+    deadline = time.monotonic() + 60
+    while len(_children(daemon.proc.pid)) < 2:
+        assert time.monotonic() < deadline and daemon.proc.poll() is None, daemon.log()
+        time.sleep(0.01)
+    daemon.proc.send_signal(signal.SIGTERM)
+    assert daemon.wait_exit(60) == 0, daemon.log()
+    assert "serving processes exited with [0, 0]" in daemon.log()
+    daemon.stop()
+
+
 def test_a_process_that_dies_stops_the_group(tmp_path):
     daemon = Daemon([f"--model_base_path={HALF_PLUS_TWO_TF1}", "--model_name=half", "--serving_processes=2"], tmp_path)
     daemon.wait_serving()
