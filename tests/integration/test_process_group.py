@@ -138,7 +138,11 @@ def test_the_admin_api_needs_a_single_process():
 
 def test_sigterm_drains_every_process(tmp_path):
     daemon = Daemon([f"--model_base_path={HALF_PLUS_TWO_TF1}", "--model_name=half", "--serving_processes=2"], tmp_path)
-    daemon.wait_serving()
+    daemon.wait_serving()  # one process serves: the other may still be starting, and would stop without serving
+    deadline = time.monotonic() + 120
+    while daemon.log().count("servex ready") < 2:
+        assert time.monotonic() < deadline and daemon.proc.poll() is None, daemon.log()
+        time.sleep(0.1)
     children = _children(daemon.proc.pid)
     assert _predict(daemon.channel, [2.0]) == [3.0]
     daemon.proc.send_signal(signal.SIGTERM)
