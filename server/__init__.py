@@ -1,7 +1,8 @@
 """server: the servex process.
 
 Owns the CLI and typed settings (server/tfserving_flags.py: TensorFlow Serving's flags beyond servex's own), the
-gRPC port (server/listeners.py: several grpc.aio listeners on it), the services (TensorFlow Serving's
+gRPC port (server/listeners.py: several grpc.aio listeners on it; server/tls.py: TLS from TensorFlow Serving's
+SSLConfig), the services (TensorFlow Serving's
 PredictionService and ModelService, KServe v2 / Triton, servex.v1, health, reflection), REST, the Prometheus
 /metrics endpoint and shutdown. Protocol adapters (server/tfserving.py,
 server/kserve.py, server/rest_*.py) are thin: they decode tensors (server/tensors.py, server/v2_types.py; Triton's

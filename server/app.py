@@ -33,6 +33,7 @@ from loader import ModelManager, load_saved_model
 from loader.config import ModelSpec, parse_model_config
 from loader.errors import InvalidArgument
 from protos.servex.v1 import batching_pb2, graph_executor_pb2, graph_executor_pb2_grpc, variables_pb2_grpc
+from server import tls
 from server.admin import BearerTokenInterceptor, VariableService
 from server.affinity import LoopPin
 from server.core import ServingCore
@@ -142,13 +143,21 @@ def start_admin_server(settings: ServerSettings, core: ServingCore, options, lif
         kserve.add_repository_to_server(core, lifecycle, server)
     address = f"{settings.admin_bind_address}:{settings.admin_port}"
     try:
-        bound = server.add_insecure_port(address)
+        bound = bind(server, address, settings)
     except RuntimeError as e:  # grpcio raises where it cannot bind (older versions returned 0)
         raise OSError(f"cannot bind the admin port to {address}: {e}") from None
     if bound == 0:
         raise OSError(f"cannot bind the admin port to {address}")
-    log.info("admin API on %s (%s)", address, "bearer token required" if interceptors else "loopback only")
+    log.info("admin API on %s (%s%s)", address, "bearer token required" if interceptors else "loopback only",
+             ", TLS" if settings.grpc_tls else "")  # fmt: skip
     return server
+
+
+def bind(server, address: str, settings: ServerSettings) -> int:
+    """Bind ``server`` (gRPC) to ``address``, with TLS where --ssl_config_file gave it; the port bound."""
+    if settings.grpc_tls is None:
+        return server.add_insecure_port(address)
+    return server.add_secure_port(address, tls.server_credentials(settings.grpc_tls))
 
 
 def batching_options(settings: ServerSettings) -> BatchingOptions | None:
@@ -422,7 +431,7 @@ class _Ports:
         settings = self.settings
         address = f"{settings.bind_address}:{settings.port}"
         try:
-            self.server.add_insecure_port(address)
+            bind(self.server, address, settings)
         except (OSError, RuntimeError) as e:  # taken by another process (probe), or gRPC could not bind
             log.error("cannot bind gRPC to %s: %s", address, e)
             return False
@@ -435,7 +444,9 @@ class _Ports:
         self.opened = True
         if self.admin is not None:
             await self.admin.start()
-        log.info("gRPC on %s (%d listeners)", address, len(self.server.servers))
+        log.info("gRPC on %s (%d listeners%s)", address, len(self.server.servers),
+                 ", TLS" + (", client certificates required" if settings.grpc_tls.client_verify else "")
+                 if settings.grpc_tls else "")  # fmt: skip
         if settings.rest_api_port:
             timeout_s = settings.rest_api_timeout_in_ms / 1000
             args = (settings.rest_api_port, settings.bind_address, settings.max_message_bytes, timeout_s)

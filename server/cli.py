@@ -12,7 +12,7 @@ import signal
 import sys
 from typing import NamedTuple
 
-from server import affinity, tfserving_flags
+from server import affinity, tfserving_flags, tls
 from server.settings import DEMO_MODEL_NAME, ServerSettings
 
 
@@ -273,6 +273,13 @@ def build_parser() -> argparse.ArgumentParser:
         "parse as one), e.g. grpc.max_connection_age_ms=60000",
     )
     p.add_argument(
+        "--ssl_config_file",
+        default="",
+        help="TensorFlow Serving's SSLConfig in text format (server_key, server_cert, custom_ca, client_verify: PEM "
+        "text): TLS on the gRPC port and the admin port, client certificates required and checked against "
+        "custom_ca with client_verify: true; REST stays plaintext, as in TensorFlow Serving",
+    )
+    p.add_argument(
         "--monitoring_config_file",
         default="",
         help="TensorFlow Serving's MonitoringConfig in text format: prometheus_config { enable: true path: ... } "
@@ -405,6 +412,12 @@ def parse_settings(argv: list[str] | None = None) -> Parsed:
     if prometheus_path and not args.rest_api_port:
         notes.append(f"--monitoring_config_file's path {prometheus_path} is not served: the REST port is off "
                      f"(--rest_api_port=0); the metrics stay on --metrics_port")  # fmt: skip
+    grpc_tls = None
+    if args.ssl_config_file:
+        try:
+            grpc_tls = tls.read_ssl_config(args.ssl_config_file)
+        except tls.TlsConfigError as e:
+            fail(f"--ssl_config_file: {e}")
     if args.model_base_path is not None:
         name = args.model_name or "default"
     else:
@@ -448,6 +461,7 @@ def parse_settings(argv: list[str] | None = None) -> Parsed:
         per_process_gpu_memory_fraction=gpu_fraction,
         saved_model_tags=tags,
         grpc_channel_arguments=tfserving_flags.channel_arguments(args.grpc_channel_arguments, fail, notes),
+        grpc_tls=grpc_tls,
         prometheus_rest_path=prometheus_path if args.rest_api_port else "",
         run_in_caller_thread=args.run_in_caller_thread,
         device=args.device,

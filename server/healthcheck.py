@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -16,9 +17,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 SERVING = health_pb2.HealthCheckResponse.SERVING
 
 
-def check(address: str, service: str = "", timeout: float = 3.0) -> tuple[bool, str]:
-    """Ask ``address`` for the health of ``service``; returns (serving, a line saying what was seen)."""
-    with grpc.insecure_channel(address) as channel:
+def check(address: str, service: str = "", timeout: float = 3.0, credentials=None, options=()) -> tuple[bool, str]:
+    """Ask ``address`` for the health of ``service`` (over TLS with channel ``credentials``); returns (serving, a
+    line saying what was seen)."""
+    channel = grpc.secure_channel(address, credentials, options) if credentials else grpc.insecure_channel(address)
+    with channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
@@ -38,7 +41,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--service", default="", help="service name: '' for the whole server, or a model name")
     p.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for the answer")
     p.add_argument("--quiet", action="store_true", help="print nothing when SERVING")
+    tls = p.add_argument_group("TLS (servex started with --ssl_config_file); any of these turns TLS on")
+    tls.add_argument("--tls", action="store_true", help="connect over TLS")
+    tls.add_argument("--tls_ca_cert", default="", help="PEM file of the CA that signed the server's certificate "
+                     "(default: the system's roots)")  # fmt: skip
+    tls.add_argument("--tls_client_cert", default="", help="PEM file of this client's certificate (client_verify)")
+    tls.add_argument("--tls_client_key", default="", help="PEM file of this client's private key (client_verify)")
+    tls.add_argument("--tls_server_name", default="", help="name to expect in the server's certificate (default: "
+                     "the host of --address)")  # fmt: skip
     return p
+
+
+def channel_credentials(args: argparse.Namespace):
+    """(credentials, channel options) for TLS as the flags ask, (None, ()) for plaintext; OSError for a file that
+    cannot be read, ValueError for a client certificate without its key or the other way round."""
+    if not (args.tls or args.tls_ca_cert or args.tls_client_cert or args.tls_client_key or args.tls_server_name):
+        return None, ()
+    if bool(args.tls_client_cert) != bool(args.tls_client_key):
+        raise ValueError("--tls_client_cert and --tls_client_key go together")
+
+    def read(path: str) -> bytes | None:
+        return Path(path).read_bytes() if path else None
+
+    credentials = grpc.ssl_channel_credentials(
+        read(args.tls_ca_cert), read(args.tls_client_key), read(args.tls_client_cert)
+    )
+    options = (("grpc.ssl_target_name_override", args.tls_server_name),) if args.tls_server_name else ()
+    return credentials, options
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,7 +75,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.timeout <= 0:
         print(f"servex-health: --timeout must be positive, got {args.timeout}", file=sys.stderr)
         return 2
-    serving, line = check(args.address, args.service, args.timeout)
+    try:
+        credentials, options = channel_credentials(args)
+    except (OSError, ValueError) as e:
+        print(f"servex-health: {e}", file=sys.stderr)
+        return 2
+    serving, line = check(args.address, args.service, args.timeout, credentials, options)
     if not serving or not args.quiet:
         print(line, file=sys.stderr if not serving else sys.stdout)
     return 0 if serving else 1

@@ -19,6 +19,20 @@ def demo_model_base_path() -> str:
 
 
 @dataclass(frozen=True)
+class TlsSettings:
+    """TLS of the gRPC ports (TensorFlow Serving's SSLConfig; server/tls.py reads and checks one): PEM text."""
+
+    # The server's private key, unencrypted.
+    server_key: str
+    # The server's certificate chain, leaf first.
+    server_cert: str
+    # Certificate authorities a client certificate must chain to (needed with client_verify).
+    custom_ca: str = ""
+    # Require and verify a client certificate (mutual TLS); False: none is asked for.
+    client_verify: bool = False
+
+
+@dataclass(frozen=True)
 class ServerSettings:
     # gRPC port (TensorFlow Serving's --port).
     port: int = 8500
@@ -117,6 +131,9 @@ class ServerSettings:
     # integers where they parse as one), e.g. grpc.max_connection_age_ms. They win over servex's own (the message
     # size limits of max_message_bytes).
     grpc_channel_arguments: tuple[tuple[str, int | str], ...] = ()
+    # TLS on the gRPC port and the admin port (TensorFlow Serving's --ssl_config_file); None: plaintext. REST and
+    # the metrics port stay plaintext, as TensorFlow Serving's REST port does.
+    grpc_tls: TlsSettings | None = None
     # Serve the Prometheus metrics on the REST port at this path as well (TensorFlow Serving's
     # --monitoring_config_file: prometheus_config { enable: true path: "..." }); empty: only on metrics_port.
     prometheus_rest_path: str = ""

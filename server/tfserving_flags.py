@@ -42,11 +42,9 @@ NO_EFFECT_FLAGS = {
     "skip_initialize_tpu": "servex does not use TPUs",
     "enable_grpc_healthcheck_service": "servex always serves grpc.health.v1.Health",
 }
-# TensorFlow Serving's flags servex refuses: serving plaintext where TLS was asked for would be worse than not
+# TensorFlow Serving's flags servex refuses: serving plaintext where ALTS was asked for would be worse than not
 # starting.
 REFUSED_FLAGS = {
-    "ssl_config_file": "servex serves gRPC without TLS; terminate TLS in front of it (an ingress or a service "
-    "mesh sidecar)",
     "use_alts_credentials": "servex serves gRPC without ALTS; terminate it in front of servex",
 }
 

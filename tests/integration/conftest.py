@@ -13,8 +13,8 @@ def start_daemon(tmp_path_factory):
     """Start servex daemons for this module; each is stopped (SIGTERM) at module end."""
     started: list[Daemon] = []
 
-    def start(*args: str, rest: bool = False) -> Daemon:
-        daemon = Daemon(list(args), tmp_path_factory.mktemp("servex"), rest=rest)
+    def start(*args: str, rest: bool = False, credentials=None) -> Daemon:
+        daemon = Daemon(list(args), tmp_path_factory.mktemp("servex"), rest=rest, credentials=credentials)
         started.append(daemon)
         return daemon.wait_serving()
 

@@ -27,9 +27,10 @@ def free_port() -> int:
 
 class Daemon:
     """A running `servex` process; ``args`` are its flags beyond the ports and bind address. With ``rest``, its
-    REST API listens on a free port (``rest_port``, ``rest_url``); else REST is off."""
+    REST API listens on a free port (``rest_port``, ``rest_url``); else REST is off. ``channel`` talks to its gRPC
+    port, over TLS with ``credentials`` (gRPC channel credentials; the daemon's --ssl_config_file is in ``args``)."""
 
-    def __init__(self, args: list[str], log_dir: Path, rest: bool = False):
+    def __init__(self, args: list[str], log_dir: Path, rest: bool = False, credentials=None):
         self.port = free_port()
         self.metrics_port = free_port()
         self.rest_port = free_port() if rest else 0
@@ -49,7 +50,10 @@ class Daemon:
         ]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT, env=env)
-        self.channel = grpc.insecure_channel(self.address)
+        if credentials is None:
+            self.channel = grpc.insecure_channel(self.address)
+        else:
+            self.channel = grpc.secure_channel(self.address, credentials)
 
     def log(self) -> str:
         self._log.flush()

@@ -1,0 +1,99 @@
+"""TLS for the gRPC ports: TensorFlow Serving's --ssl_config_file (a text-format SSLConfig holding PEM text) read
+and checked at start, and the gRPC server credentials made from it.
+
+The checks use the standard library's ssl module, so that a bad file stops servex at start with a line naming the
+field at fault; gRPC itself would only fail to bind ("Failed to bind to address"), or load a CA that verifies no
+client. As in TensorFlow Serving, `client_verify` makes the server require a client certificate that `custom_ca`
+signed; without it no client certificate is asked for.
+"""
+
+from __future__ import annotations
+
+import os
+import ssl
+import tempfile
+from pathlib import Path
+
+from google.protobuf import text_format
+
+from server.settings import TlsSettings
+
+
+class TlsConfigError(ValueError):
+    """The SSLConfig cannot serve TLS; the message names the file and the field."""
+
+
+def read_ssl_config(path: str) -> TlsSettings:
+    """The checked TLS settings of the SSLConfig file at ``path``; TlsConfigError saying what is wrong."""
+    from protos.servex.v1 import ssl_config_pb2
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise TlsConfigError(f"cannot read {path!r}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise TlsConfigError(f"{path!r} is not text: an SSLConfig in text format holds PEM text") from None
+    try:
+        config = text_format.Parse(text, ssl_config_pb2.SSLConfig())
+    except text_format.ParseError as e:
+        raise TlsConfigError(
+            f"{path!r} is not an SSLConfig in text format (server_key, server_cert, custom_ca, client_verify): {e}"
+        ) from None
+    tls = TlsSettings(config.server_key, config.server_cert, config.custom_ca, config.client_verify)
+    try:
+        check(tls)
+    except TlsConfigError as e:
+        raise TlsConfigError(f"{path!r}: {e}") from None
+    return tls
+
+
+def check(tls: TlsSettings) -> None:
+    """TlsConfigError unless the key and certificate chain parse and match, and custom_ca parses (and is given
+    where client_verify asks for it)."""
+    for field, value in (("server_key", tls.server_key), ("server_cert", tls.server_cert)):
+        if not value.strip():
+            raise TlsConfigError(f"{field} is empty: it holds the PEM text itself (-----BEGIN ...), not a file path")
+    if "ENCRYPTED" in tls.server_key:
+        raise TlsConfigError("server_key is encrypted: gRPC takes an unencrypted PEM private key")
+    _certificates("server_cert", tls.server_cert)
+    if tls.custom_ca.strip():
+        _certificates("custom_ca", tls.custom_ca)
+    elif tls.client_verify:
+        raise TlsConfigError("client_verify is true but custom_ca is empty: client certificates must chain to it")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    with tempfile.TemporaryDirectory(prefix="servex-tls-") as folder:  # the ssl module loads keys from files only
+        cert_file, key_file = os.path.join(folder, "cert.pem"), os.path.join(folder, "key.pem")
+        for name, text in ((cert_file, tls.server_cert), (key_file, tls.server_key)):
+            with open(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w", encoding="utf-8") as f:
+                f.write(text)
+        try:
+            context.load_cert_chain(cert_file, key_file, password=_no_password)
+        except ssl.SSLError as e:
+            if "KEY_VALUES_MISMATCH" in str(e):
+                raise TlsConfigError("server_key is not the private key of server_cert's first certificate") from None
+            raise TlsConfigError(f"server_key is not a PEM private key ({e.reason or e})") from None
+
+
+def _certificates(field: str, text: str) -> None:
+    if "-----BEGIN CERTIFICATE-----" not in text:
+        raise TlsConfigError(f"{field} holds no PEM certificate (-----BEGIN CERTIFICATE-----)")
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cadata=text)
+    except ssl.SSLError as e:
+        raise TlsConfigError(f"{field} is not PEM certificates ({e.reason or e})") from None
+
+
+def _no_password() -> bytes:
+    raise TlsConfigError("server_key is encrypted: gRPC takes an unencrypted PEM private key")
+
+
+def server_credentials(tls: TlsSettings):
+    """gRPC server credentials serving ``tls``: TensorFlow Serving's, a client certificate required and verified
+    against custom_ca when client_verify is set."""
+    import grpc
+
+    return grpc.ssl_server_credentials(
+        [(tls.server_key.encode(), tls.server_cert.encode())],
+        root_certificates=tls.custom_ca.encode() if tls.custom_ca.strip() else None,
+        require_client_auth=tls.client_verify,
+    )

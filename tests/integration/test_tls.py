@@ -1,0 +1,180 @@
+"""TLS on the gRPC ports (TensorFlow Serving's --ssl_config_file) through the real daemon: tensorflow-serving-api
+stubs and tritonclient over TLS and mutual TLS, the admin port over TLS too, REST left plaintext, servex-health's
+TLS flags, and clients that cannot be trusted (plaintext, another CA's server or client certificate, no client
+certificate) turned away while everyone else is served. Certificates are made per run by tests/certificates.py."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import urllib.request
+
+import grpc
+import numpy as np
+import orjson
+import pytest
+import tensorflow as tf
+import tritonclient.grpc as triton
+from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+from protos.servex.v1 import variables_pb2, variables_pb2_grpc
+from tests.certificates import Authority, Pem, ssl_config
+from tests.conftest import HALF_PLUS_TWO_TF2
+from tests.integration.daemon import free_port, run_to_exit
+
+MODEL = "half"
+
+
+@pytest.fixture(scope="module")
+def authority() -> Authority:
+    return Authority()
+
+
+@pytest.fixture(scope="module")
+def ca_file(authority, tmp_path_factory):
+    path = tmp_path_factory.mktemp("tls") / "ca.pem"
+    path.write_text(authority.cert)
+    return path
+
+
+def start(start_daemon, tmp_path_factory, config: str, credentials, *args: str, rest: bool = False):
+    path = tmp_path_factory.mktemp("tls") / "ssl.config"
+    path.write_text(config)
+    return start_daemon(f"--model_base_path={HALF_PLUS_TWO_TF2}", f"--model_name={MODEL}",
+                        f"--ssl_config_file={path}", *args, rest=rest, credentials=credentials)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tls_daemon(authority, start_daemon, tmp_path_factory):
+    """One-way TLS: the server's certificate, no client certificate asked for; the admin port and REST on."""
+    admin = free_port()
+    credentials = grpc.ssl_channel_credentials(authority.cert.encode())
+    daemon = start(start_daemon, tmp_path_factory, ssl_config(authority.server()), credentials,
+                   f"--admin_port={admin}", rest=True)  # fmt: skip
+    return daemon, admin
+
+
+@pytest.fixture(scope="module")
+def mtls_daemon(authority, start_daemon, tmp_path_factory):
+    """Mutual TLS: client_verify with the test CA as custom_ca."""
+    client = authority.client()
+    credentials = grpc.ssl_channel_credentials(authority.cert.encode(), client.key.encode(), client.cert.encode())
+    config = ssl_config(authority.server(), authority.cert, client_verify=True)
+    return start(start_daemon, tmp_path_factory, config, credentials), client
+
+
+def predict(channel, values=(1.0, 2.0, 5.0)) -> list[float]:
+    req = predict_pb2.PredictRequest()
+    req.model_spec.name = MODEL
+    req.inputs["x"].CopyFrom(tf.make_tensor_proto(np.array(values, np.float32)))
+    reply = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(req, timeout=10)
+    return list(tf.make_ndarray(reply.outputs["y"]))
+
+
+def refused(channel) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as info:
+        predict(channel)
+    channel.close()
+    return info.value
+
+
+def test_predict_over_tls(tls_daemon):
+    daemon, _ = tls_daemon
+    assert predict(daemon.channel) == [2.5, 3.0, 4.5]
+    assert "TLS" in daemon.log().split("gRPC on ", 1)[1].splitlines()[0]
+
+
+def test_plaintext_and_a_server_certificate_of_another_ca_are_turned_away(tls_daemon):
+    daemon, _ = tls_daemon
+    error = refused(grpc.insecure_channel(daemon.address))
+    assert error.code() == grpc.StatusCode.UNAVAILABLE
+    error = refused(grpc.secure_channel(daemon.address, grpc.ssl_channel_credentials(Authority().cert.encode())))
+    assert error.code() == grpc.StatusCode.UNAVAILABLE
+    assert "certificate" in error.details().lower()
+    assert predict(daemon.channel, (4.0,)) == [4.0]  # everyone else is still served
+    assert daemon.proc.poll() is None
+
+
+def test_a_certificate_for_another_name_is_turned_away(tls_daemon, authority):
+    daemon, _ = tls_daemon
+    options = (("grpc.ssl_target_name_override", "other.example"),)
+    credentials = grpc.ssl_channel_credentials(authority.cert.encode())
+    error = refused(grpc.secure_channel(daemon.address, credentials, options))
+    assert error.code() == grpc.StatusCode.UNAVAILABLE and "Hostname Verification" in error.details()
+
+
+def test_the_admin_port_serves_tls_too(tls_daemon, authority):
+    _, admin = tls_daemon
+    address = f"127.0.0.1:{admin}"
+    request = variables_pb2.ListVariablesRequest()
+    request.model.name = MODEL
+    with grpc.secure_channel(address, grpc.ssl_channel_credentials(authority.cert.encode())) as channel:
+        reply = variables_pb2_grpc.VariableServiceStub(channel).ListVariables(request, timeout=10)
+    assert reply.variables  # half_plus_two's a and b
+    with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as info:
+        variables_pb2_grpc.VariableServiceStub(channel).ListVariables(request, timeout=10)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_rest_stays_plaintext_as_in_tensorflow_serving(tls_daemon):
+    daemon, _ = tls_daemon
+    body = urllib.request.urlopen(f"{daemon.rest_url}/v1/models/{MODEL}", timeout=10).read()
+    assert orjson.loads(body)["model_version_status"][0]["state"] == "AVAILABLE"
+
+
+def health(daemon, *flags: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "server.healthcheck", f"--address={daemon.address}", *flags]
+    return subprocess.run(command, capture_output=True, text=True, timeout=30)
+
+
+def test_servex_health_speaks_tls_with_its_flags(tls_daemon, ca_file, tmp_path):
+    daemon, _ = tls_daemon
+    probe = health(daemon, f"--tls_ca_cert={ca_file}")
+    assert probe.returncode == 0 and "SERVING" in probe.stdout
+    probe = health(daemon)
+    assert probe.returncode == 1 and "UNAVAILABLE" in probe.stderr
+    probe = health(daemon, f"--tls_ca_cert={ca_file}", "--tls_server_name=other.example")
+    assert probe.returncode == 1 and "Hostname Verification" in probe.stderr
+    probe = health(daemon, f"--tls_ca_cert={tmp_path / 'missing.pem'}")
+    assert probe.returncode == 2 and "missing.pem" in probe.stderr
+    probe = health(daemon, f"--tls_ca_cert={ca_file}", f"--tls_client_cert={ca_file}")
+    assert probe.returncode == 2 and "--tls_client_cert and --tls_client_key go together" in probe.stderr
+
+
+def test_mutual_tls_serves_a_client_certificate_the_ca_signed(mtls_daemon):
+    daemon, _ = mtls_daemon
+    assert predict(daemon.channel) == [2.5, 3.0, 4.5]
+    assert "client certificates required" in daemon.log()
+
+
+def test_mutual_tls_turns_away_no_client_certificate_or_one_of_another_ca(mtls_daemon, authority):
+    daemon, _ = mtls_daemon
+    error = refused(grpc.secure_channel(daemon.address, grpc.ssl_channel_credentials(authority.cert.encode())))
+    assert error.code() == grpc.StatusCode.UNAVAILABLE
+    stranger = Authority().client()
+    credentials = grpc.ssl_channel_credentials(authority.cert.encode(), stranger.key.encode(), stranger.cert.encode())
+    assert refused(grpc.secure_channel(daemon.address, credentials)).code() == grpc.StatusCode.UNAVAILABLE
+    assert predict(daemon.channel, (0.0,)) == [2.0]
+
+
+def test_tritonclient_over_mutual_tls(mtls_daemon, authority, ca_file, tmp_path):
+    daemon, client_pem = mtls_daemon
+    (tmp_path / "client.key").write_text(client_pem.key)
+    (tmp_path / "client.pem").write_text(client_pem.cert)
+    with triton.InferenceServerClient(daemon.address, ssl=True, root_certificates=str(ca_file),
+                                      private_key=str(tmp_path / "client.key"),
+                                      certificate_chain=str(tmp_path / "client.pem")) as client:  # fmt: skip
+        assert client.is_server_live()
+        x = triton.InferInput("x", [2], "FP32")
+        x.set_data_from_numpy(np.array([2.0, -2.0], np.float32))
+        result = client.infer(MODEL, [x])
+    assert list(result.as_numpy("y")) == [3.0, 1.0]
+
+
+def test_an_ssl_config_that_cannot_serve_stops_servex_at_start_naming_the_field(authority, tmp_path):
+    path = tmp_path / "ssl.config"
+    path.write_text(ssl_config(Pem(authority.server().key, authority.server().cert)))
+    outcome = run_to_exit([f"--ssl_config_file={path}"])
+    assert outcome.returncode == 2
+    assert "--ssl_config_file:" in outcome.stderr
+    assert "server_key is not the private key of server_cert's first certificate" in outcome.stderr
