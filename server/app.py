@@ -38,7 +38,7 @@ from server.admin import BearerTokenInterceptor, VariableService
 from server.affinity import LoopPin
 from server.core import ServingCore
 from server.graph_service import GraphExecutorService
-from server.listeners import ListenerGroup
+from server.listeners import ListenerGroup, refuse_if_served
 from server.metrics import model_load, start_metrics_server, watch_loop_lag
 from server.rest import RestServer
 from server.settings import ServerSettings
@@ -435,6 +435,14 @@ class _Ports:
         except (OSError, RuntimeError) as e:  # taken by another process (probe), or gRPC could not bind
             log.error("cannot bind gRPC to %s: %s", address, e)
             return False
+        if settings.grpc_socket_path:
+            address += f" and unix:{settings.grpc_socket_path}"
+            try:  # one listener serves the socket: UNIX sockets have no SO_REUSEPORT spreading
+                refuse_if_served(settings.grpc_socket_path)
+                bind(self.server.servers[0], f"unix:{settings.grpc_socket_path}", settings)
+            except (OSError, RuntimeError) as e:
+                log.error("cannot bind gRPC to unix:%s: %s", settings.grpc_socket_path, e)
+                return False
         try:
             self.admin = start_admin_server(settings, self.core, self.options, self.lifecycle)
         except (OSError, ValueError) as e:

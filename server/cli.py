@@ -273,6 +273,12 @@ def build_parser() -> argparse.ArgumentParser:
         "parse as one), e.g. grpc.max_connection_age_ms=60000",
     )
     p.add_argument(
+        "--grpc_socket_path",
+        default=d.grpc_socket_path,
+        help="serve gRPC on this UNIX domain socket too (clients dial unix:PATH), every service and TLS as on "
+        "--port; with --serving_processes, the first process serves it",
+    )
+    p.add_argument(
         "--ssl_config_file",
         default="",
         help="TensorFlow Serving's SSLConfig in text format (server_key, server_cert, custom_ca, client_verify: PEM "
@@ -346,6 +352,9 @@ class Parsed(NamedTuple):
     notes: tuple[str, ...]  # warnings about the command line, logged once logging is set up
 
 
+MAX_SOCKET_PATH = 107  # sockaddr_un.sun_path on Linux, less its terminating NUL
+
+
 def parse_settings(argv: list[str] | None = None) -> Parsed:
     args = build_parser().parse_args(argv)
     if args.version:
@@ -412,6 +421,9 @@ def parse_settings(argv: list[str] | None = None) -> Parsed:
     if prometheus_path and not args.rest_api_port:
         notes.append(f"--monitoring_config_file's path {prometheus_path} is not served: the REST port is off "
                      f"(--rest_api_port=0); the metrics stay on --metrics_port")  # fmt: skip
+    if len(os.fsencode(args.grpc_socket_path)) > MAX_SOCKET_PATH:
+        fail(f"--grpc_socket_path is {len(os.fsencode(args.grpc_socket_path))} bytes long: a UNIX socket's path "
+             f"takes at most {MAX_SOCKET_PATH}")  # fmt: skip
     grpc_tls = None
     if args.ssl_config_file:
         try:
@@ -462,6 +474,7 @@ def parse_settings(argv: list[str] | None = None) -> Parsed:
         saved_model_tags=tags,
         grpc_channel_arguments=tfserving_flags.channel_arguments(args.grpc_channel_arguments, fail, notes),
         grpc_tls=grpc_tls,
+        grpc_socket_path=args.grpc_socket_path,
         prometheus_rest_path=prometheus_path if args.rest_api_port else "",
         run_in_caller_thread=args.run_in_caller_thread,
         device=args.device,

@@ -16,7 +16,10 @@ A group is a ``grpc.aio.Server`` to the generated ``add_*Servicer_to_server`` fu
 from __future__ import annotations
 
 import asyncio
+import errno
+import os
 import socket
+import stat
 from collections.abc import Sequence
 
 import grpc
@@ -131,6 +134,24 @@ class _Call(grpc.HandlerCallDetails):
     def __init__(self, method: str):
         self.method = method
         self.invocation_metadata = ()
+
+
+def refuse_if_served(path: str) -> None:
+    """OSError when ``path`` (a UNIX socket for --grpc_socket_path) is something gRPC must not bind over: a socket
+    another process serves (gRPC would unlink it and take its clients), or a file that is not a socket. A socket
+    nobody serves (left by a process that was killed) is fine: gRPC replaces it."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        raise OSError(errno.EEXIST, f"{path} exists and is not a socket")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(path)
+        except (ConnectionRefusedError, FileNotFoundError):
+            return
+    raise OSError(errno.EADDRINUSE, f"another process serves the socket {path}")
 
 
 def refuse_if_taken(host: str, port: int) -> None:

@@ -134,6 +134,10 @@ class ServerSettings:
     # TLS on the gRPC port and the admin port (TensorFlow Serving's --ssl_config_file); None: plaintext. REST and
     # the metrics port stay plaintext, as TensorFlow Serving's REST port does.
     grpc_tls: TlsSettings | None = None
+    # Serve gRPC on this UNIX domain socket as well, with the same services and TLS (TensorFlow Serving's
+    # --grpc_socket_path); one listener serves it, and in a group of serving processes the first process does.
+    # Empty: TCP only.
+    grpc_socket_path: str = ""
     # Serve the Prometheus metrics on the REST port at this path as well (TensorFlow Serving's
     # --monitoring_config_file: prometheus_config { enable: true path: "..." }); empty: only on metrics_port.
     prometheus_rest_path: str = ""

@@ -27,7 +27,7 @@ import tempfile
 import time
 
 from server.affinity import group_index
-from server.listeners import refuse_if_taken
+from server.listeners import refuse_if_served, refuse_if_taken
 from server.settings import ServerSettings
 
 log = logging.getLogger("servex.supervisor")
@@ -62,11 +62,15 @@ def supervise(settings: ServerSettings, argv: list[str]) -> int:
         refuse_if_taken(settings.bind_address, settings.port)
         if settings.rest_api_port:
             refuse_if_taken(settings.bind_address, settings.rest_api_port)
+        if settings.grpc_socket_path:
+            refuse_if_served(settings.grpc_socket_path)
         for index in range(n):
             if stopping:  # a signal came while the group started: start no more
                 break
             cpu = settings.event_loop_cpu
             pin = [f"--event_loop_cpu={group_index(cpu, index)}"] if cpu >= 0 else []  # each loop its own CPU
+            if index and settings.grpc_socket_path:  # the first process serves the UNIX socket
+                pin.append("--grpc_socket_path=")
             children.append(subprocess.Popen(command + pin, env=env))
             if stopping:  # it came while this process was being started, before the list held it
                 children[-1].send_signal(stopping)

@@ -26,7 +26,6 @@ NO_EFFECT_FLAGS = {
     "flush_filesystem_caches": "servex does not flush file system caches",
     "platform_config_file": "servex serves TensorFlow SavedModels only",
     "grpc_max_threads": "gRPC is served by asyncio listeners (--grpc_listeners)",
-    "grpc_socket_path": "servex serves gRPC on its TCP port only (--port)",
     "remove_unused_fields_from_bundle_metagraph": "servex keeps no MetaGraphDef once a version is loaded",
     "prefer_tflite_model": "servex serves no TensorFlow Lite models",
     "use_tflite_model": "servex serves no TensorFlow Lite models",

@@ -75,15 +75,18 @@ def _predict(channel, x: list[float]) -> list[float]:
 
 @pytest.fixture(scope="module")
 def group(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("group")
     daemon = Daemon(
         [
             f"--model_base_path={HALF_PLUS_TWO_TF1}",
             "--model_name=half",
             "--serving_processes=2",
             f"--event_loop_cpu={FIRST_INDEX}",
+            f"--grpc_socket_path={folder / 'grpc.sock'}",
         ],
-        tmp_path_factory.mktemp("group"),
+        folder,
     )
+    daemon.socket_path = folder / "grpc.sock"
     yield daemon.wait_serving()
     daemon.stop()
 
@@ -108,6 +111,31 @@ def test_both_processes_serve_the_port_and_metrics_add_up(group):
         for channel in channels:
             channel.close()
     assert metric(group, "servex_requests_total", method="Predict", model="half", code="OK") == CONNECTIONS
+
+
+def test_the_first_process_serves_the_unix_socket(group):
+    with grpc.insecure_channel(f"unix:{group.socket_path}") as channel:
+        assert _predict(channel, [4.0]) == [4.0]
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and group.log().count("servex ready") < 2:
+        time.sleep(0.2)
+    bound = [line for line in group.log().splitlines() if "gRPC on " in line]
+    assert len(bound) == 2 and sum(f"and unix:{group.socket_path}" in line for line in bound) == 1, bound
+
+
+def test_a_unix_socket_another_server_serves_fails_the_group_at_start(start_daemon, tmp_path):
+    path = tmp_path / "taken.sock"
+    start_daemon(f"--grpc_socket_path={path}")
+    result = run_to_exit(
+        [f"--model_base_path={HALF_PLUS_TWO_TF1}", "--model_name=half", "--serving_processes=2",
+         f"--grpc_socket_path={path}"],
+        timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert f"cannot run the serving processes: [Errno 98] another process serves the socket {path}" in result.stderr
+    assert "supervising" not in result.stderr
+    with grpc.insecure_channel(f"unix:{path}") as channel:  # the first server still has it
+        grpc.channel_ready_future(channel).result(timeout=10)
 
 
 def test_each_process_pins_its_event_loop_to_the_next_cpu(group):

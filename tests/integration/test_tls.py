@@ -1,7 +1,8 @@
 """TLS on the gRPC ports (TensorFlow Serving's --ssl_config_file) through the real daemon: tensorflow-serving-api
-stubs and tritonclient over TLS and mutual TLS, the admin port over TLS too, REST left plaintext, servex-health's
-TLS flags, and clients that cannot be trusted (plaintext, another CA's server or client certificate, no client
-certificate) turned away while everyone else is served. Certificates are made per run by tests/certificates.py."""
+stubs and tritonclient over TLS and mutual TLS, the admin port and the UNIX socket over TLS too, REST left
+plaintext, servex-health's TLS flags, and clients that cannot be trusted (plaintext, another CA's server or client
+certificate, no client certificate) turned away while everyone else is served. Certificates are made per run by
+tests/certificates.py."""
 
 from __future__ import annotations
 
@@ -46,11 +47,13 @@ def start(start_daemon, tmp_path_factory, config: str, credentials, *args: str, 
 
 @pytest.fixture(scope="module")
 def tls_daemon(authority, start_daemon, tmp_path_factory):
-    """One-way TLS: the server's certificate, no client certificate asked for; the admin port and REST on."""
+    """One-way TLS: the server's certificate, no client certificate asked for; the admin port, a UNIX socket and
+    REST on."""
     admin = free_port()
     credentials = grpc.ssl_channel_credentials(authority.cert.encode())
     daemon = start(start_daemon, tmp_path_factory, ssl_config(authority.server()), credentials,
-                   f"--admin_port={admin}", rest=True)  # fmt: skip
+                   f"--admin_port={admin}", f"--grpc_socket_path={tmp_path_factory.mktemp('tls') / 'grpc.sock'}",
+                   rest=True)  # fmt: skip
     return daemon, admin
 
 
@@ -114,6 +117,16 @@ def test_the_admin_port_serves_tls_too(tls_daemon, authority):
     with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as info:
         variables_pb2_grpc.VariableServiceStub(channel).ListVariables(request, timeout=10)
     assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_the_unix_socket_serves_tls_too(tls_daemon, authority):
+    daemon, _ = tls_daemon
+    target = "unix:" + daemon.log().split(" and unix:", 1)[1].split(" ", 1)[0]
+    # a unix: target has no host name to check: the client names the one the server's certificate holds
+    options = (("grpc.ssl_target_name_override", "localhost"),)
+    with grpc.secure_channel(target, grpc.ssl_channel_credentials(authority.cert.encode()), options) as channel:
+        assert predict(channel, (6.0,)) == [5.0]
+    assert refused(grpc.insecure_channel(target)).code() == grpc.StatusCode.UNAVAILABLE
 
 
 def test_rest_stays_plaintext_as_in_tensorflow_serving(tls_daemon):

@@ -20,7 +20,6 @@ TFS_ONLY = [
     "--flush_filesystem_caches=false",
     "--platform_config_file=/etc/platform.config",
     "--grpc_max_threads=16",
-    "--grpc_socket_path=/tmp/tfs.sock",
     "--remove_unused_fields_from_bundle_metagraph=true",
     "--prefer_tflite_model=false",
     "--use_tflite_model=false",
@@ -45,6 +44,15 @@ def test_every_tensorflow_serving_only_flag_is_taken_and_noted_with_its_reason()
     assert noted == {f"--{flag}" for flag in NO_EFFECT_FLAGS}
     assert "--rest_api_num_threads=8 has no effect in servex: REST is served by the event loop" in parsed.notes[0]
     assert set(NO_EFFECT_FLAGS) | set(REFUSED_FLAGS) == {f.split("=")[0][2:] for f in TFS_ONLY}
+
+
+def test_grpc_socket_path_and_its_length(capsys):
+    assert parse_settings([]).settings.grpc_socket_path == ""
+    assert parse_settings(["--grpc_socket_path=/run/tfs.sock"]).settings.grpc_socket_path == "/run/tfs.sock"
+    with pytest.raises(SystemExit) as info:
+        parse_settings([f"--grpc_socket_path=/run/{'s' * 104}"])
+    assert info.value.code == 2
+    assert "--grpc_socket_path is 109 bytes long: a UNIX socket's path takes at most 107" in capsys.readouterr().err
 
 
 def test_alts_is_refused_rather_than_served_in_plaintext(capsys):
