@@ -1,11 +1,13 @@
 """Throughput and latency of servex's TensorFlow Serving Predict, with the shared benchmark kit's h2load driver.
 
-    python scripts/bench_predict.py [--seconds 8] [--concurrency 1,8,32] [--workdir /tmp/servex-bench]
+    python scripts/bench_predict.py [--seconds 8] [--concurrency 1,8,32] [--workdir /tmp/servex-bench] [--tls]
 
 Exports the kit's MLP (64 float features -> 3x256 ReLU -> score) with ../shared/bench/make_models.py, starts
 servex on it on loopback, sends batch-1 PredictRequests (tensor_content) through h2load
 (Debian package nghttp2-client) at each concurrency and prints one JSON line per level. A Python client checks
-the answer first, since h2load only counts HTTP-level success.
+the answer first, since h2load only counts HTTP-level success. With ``--tls`` servex serves gRPC over TLS
+(--ssl_config_file, certificates made for the run by tests/certificates.py) and h2load speaks it (h2 by ALPN; it
+does not check the certificate); each of its connections makes one handshake, in the warm-up second.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -32,6 +35,28 @@ from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc  # 
 
 from tests.integration.daemon import Daemon  # noqa: E402
 
+UNITS_MS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
+
+
+def h2load_tls(port: int, frame: str, concurrency: int, seconds: int, method: str) -> dict:
+    """The kit's h2load run (same connections, streams, warm-up and figures) over TLS: its driver speaks h2c only."""
+    connections = min(concurrency, 4)
+    command = ["h2load", f"https://127.0.0.1:{port}{method}", "-d", frame, "-c", str(connections),
+               "-m", str(max(1, concurrency // connections)), "-D", str(seconds), "--warm-up-time=1",
+               "-H", "content-type: application/grpc", "-H", "te: trailers"]  # fmt: skip
+    out = subprocess.run(command, capture_output=True, text=True).stdout
+    rate = re.search(r"finished in ([\d.]+)s, ([\d.]+) req/s", out)
+    done = re.search(r"requests: \d+ total, \d+ started, (\d+) done, (\d+) succeeded, (\d+) failed, (\d+) errored", out)
+    times = re.search(r"time for request:\s+([\d.]+)(us|ms|s)\s+([\d.]+)(us|ms|s)\s+([\d.]+)(us|ms|s)", out)
+    return {
+        "concurrency": concurrency,
+        "rps": float(rate.group(2)) if rate else None,
+        "mean_ms": round(float(times.group(5)) * UNITS_MS[times.group(6)], 3) if times else None,
+        "max_ms": round(float(times.group(3)) * UNITS_MS[times.group(4)], 3) if times else None,
+        "failed": int(done.group(3)) + int(done.group(4)) if done else None,
+    }
+
+
 METHOD = "/tensorflow.serving.PredictionService/Predict"
 
 
@@ -41,6 +66,7 @@ def main() -> None:
     ap.add_argument("--concurrency", default="1,8,32")
     ap.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "servex-bench"))
     ap.add_argument("--servex_flag", action="append", default=[], help="extra servex flag, repeatable")
+    ap.add_argument("--tls", action="store_true", help="gRPC over TLS (--ssl_config_file)")
     a = ap.parse_args()
     work = Path(a.workdir)
     subprocess.run([sys.executable, str(KIT / "make_models.py"), str(work), "mlp"], check=True, capture_output=True)
@@ -53,13 +79,25 @@ def main() -> None:
     frame = work / "predict.grpc"
     frame.write_bytes(b"\0" + struct.pack(">I", len(payload)) + payload)
 
-    daemon = Daemon([f"--model_base_path={work / 'mlp'}", "--model_name=mlp", *a.servex_flag], work).wait_serving()
+    flags, credentials = [*a.servex_flag], None
+    if a.tls:
+        import grpc
+
+        from tests.certificates import Authority, ssl_config
+
+        authority = Authority()
+        (work / "ssl.config").write_text(ssl_config(authority.server()))
+        flags.append(f"--ssl_config_file={work / 'ssl.config'}")
+        credentials = grpc.ssl_channel_credentials(authority.cert.encode())
+    daemon = Daemon([f"--model_base_path={work / 'mlp'}", "--model_name=mlp", *flags], work,
+                    credentials=credentials).wait_serving()  # fmt: skip
     try:
         reply = prediction_service_pb2_grpc.PredictionServiceStub(daemon.channel).Predict(req, timeout=30)
         assert tf.make_ndarray(reply.outputs["score"]).shape == (1, 1), reply
         for c in (int(v) for v in a.concurrency.split(",")):
-            result = h2load_run(daemon.port, str(frame), c, a.seconds, METHOD)
-            result["label"] = "servex Predict " + " ".join(a.servex_flag)
+            drive = h2load_tls if a.tls else h2load_run
+            result = drive(daemon.port, str(frame), c, a.seconds, METHOD)
+            result["label"] = "servex Predict " + " ".join(a.servex_flag) + (" TLS" if a.tls else "")
             print(json.dumps(result), flush=True)
     finally:
         daemon.stop()

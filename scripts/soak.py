@@ -1,6 +1,7 @@
 """Soak: does servex's memory, file descriptors or threads grow under a long mix of good and bad calls?
 
     python scripts/soak.py [--minutes 10] [--callers 6] [--reload_every 20] [--servex_flag=--enable_batching]
+                           [--tls | --tls=mutual]
 
 Starts servex (on the kit's MLP and TensorFlow Serving's half_plus_two) and keeps ``--callers`` threads sending,
 over every API it serves, a mix of answered calls and the failures a client can cause: unknown models, wrong names,
@@ -13,6 +14,10 @@ so are the tracebacks in servex's log (``log_tracebacks``, 0 too).
 The daemon's RSS, open descriptors and threads are sampled every ``--sample_s`` seconds and printed as JSON lines;
 the summary compares the end with the end of the first ``--warmup_fraction`` of the run and fits a line through the
 samples after it (MB per 100,000 calls). A leak shows as a steady slope; allocator noise as a plateau.
+
+With ``--tls`` servex serves gRPC over TLS (--ssl_config_file, certificates made for the run; ``--tls=mutual``:
+client certificates required), every gRPC call goes over it, and callers add handshakes servex must turn away:
+plaintext, a server certificate of another CA, and (mutual) no client certificate, each on a new connection.
 """
 
 from __future__ import annotations
@@ -76,17 +81,48 @@ def infer(model: str, name: str, value: np.ndarray, datatype: str = "FP32", raw:
     return request
 
 
+class Tls:
+    """The run's certificates (tests/certificates.py): a CA, servex's SSLConfig file, and each caller's channel
+    credentials; ``mutual``: client_verify, and a client certificate for every caller."""
+
+    def __init__(self, work: Path, mutual: bool):
+        from tests.certificates import Authority, ssl_config
+
+        self.authority, self.mutual = Authority(), mutual
+        self.client = self.authority.client()
+        self.config = work / "ssl.config"
+        self.config.write_text(ssl_config(self.authority.server(), self.authority.cert, client_verify=mutual))
+        self.files = {}
+        for name, text in (("ca", self.authority.cert), ("key", self.client.key), ("cert", self.client.cert)):
+            self.files[name] = work / f"soak-{name}.pem"
+            self.files[name].write_text(text)
+        self.stranger = Authority()
+
+    def credentials(self):
+        pair = (self.client.key.encode(), self.client.cert.encode()) if self.mutual else (None, None)
+        return grpc.ssl_channel_credentials(self.authority.cert.encode(), *pair)
+
+    def triton(self, address: str):
+        files = {"private_key": str(self.files["key"]), "certificate_chain": str(self.files["cert"])}
+        return triton.InferenceServerClient(address, ssl=True, root_certificates=str(self.files["ca"]),
+                                            **(files if self.mutual else {}))  # fmt: skip
+
+
 class Traffic:
     """One caller's calls; each returns the outcome's name (a gRPC code or an HTTP status), checked against what
     the call must get."""
 
-    def __init__(self, daemon: Daemon, seed: int):
+    def __init__(self, daemon: Daemon, seed: int, tls: Tls | None = None):
         self.rng = random.Random(seed)
-        self.channel = grpc.insecure_channel(daemon.address)
+        self.tls, self.address = tls, daemon.address
+        if tls is None:
+            self.channel = grpc.insecure_channel(daemon.address)
+        else:
+            self.channel = grpc.secure_channel(daemon.address, tls.credentials())
         self.tfs = prediction_service_pb2_grpc.PredictionServiceStub(self.channel)
         self.models = model_service_pb2_grpc.ModelServiceStub(self.channel)
         self.v2 = service_pb2_grpc.GRPCInferenceServiceStub(self.channel)
-        self.triton = triton.InferenceServerClient(daemon.address)
+        self.triton = triton.InferenceServerClient(daemon.address) if tls is None else tls.triton(daemon.address)
         self.raw = self.channel.unary_unary("/tensorflow.serving.PredictionService/Predict")  # bytes in, bytes out
         self.rest_port = daemon.rest_port
         self.http = http.client.HTTPConnection("127.0.0.1", daemon.rest_port, timeout=30)
@@ -269,8 +305,33 @@ class Traffic:
             "/v2/models/mlp/infer", head + b"\0" * 100, 400, {"Inference-Header-Content-Length": str(len(head))}
         )
 
+    # -- TLS handshakes servex turns away (--tls), each on a connection of its own -------------------------------
+
+    def refused(self, channel) -> str:
+        try:
+            return self.grpc_call(prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict,
+                                  predict("mlp", "x", self.row), grpc.StatusCode.UNAVAILABLE, timeout=10)  # fmt: skip
+        finally:
+            channel.close()
+
+    def tls_plaintext(self):
+        return self.refused(grpc.insecure_channel(self.address, options=[("grpc.use_local_subchannel_pool", 1)]))
+
+    def tls_unknown_ca(self):
+        credentials = grpc.ssl_channel_credentials(self.tls.stranger.cert.encode())
+        return self.refused(grpc.secure_channel(self.address, credentials, [("grpc.use_local_subchannel_pool", 1)]))
+
+    def tls_no_client_cert(self):
+        credentials = grpc.ssl_channel_credentials(self.tls.authority.cert.encode())
+        return self.refused(grpc.secure_channel(self.address, credentials, [("grpc.use_local_subchannel_pool", 1)]))
+
     def calls(self):
-        return [
+        handshakes = []
+        if self.tls is not None:
+            handshakes = [(self.tls_plaintext, 1), (self.tls_unknown_ca, 1)]
+            if self.tls.mutual:
+                handshakes.append((self.tls_no_client_cert, 1))
+        return handshakes + [
             (self.predict_ok, 8),
             (self.predict_batch, 2),
             (self.predict_hp2, 1),
@@ -348,15 +409,27 @@ def main() -> None:
     ap.add_argument("--only", default="", help="comma-separated call names (Traffic's methods) to send alone")
     ap.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "servex-bench"))
     ap.add_argument("--servex_flag", action="append", default=[], help="extra servex flag, repeatable")
+    ap.add_argument(
+        "--tls",
+        nargs="?",
+        const="server",
+        choices=["server", "mutual"],
+        default=None,
+        help="gRPC over TLS (mutual: client certificates required), and refused handshakes in the mix",
+    )
     a = ap.parse_args()
     work = Path(a.workdir)
     work.mkdir(parents=True, exist_ok=True)
+    tls = Tls(work, a.tls == "mutual") if a.tls else None
+    tls_flags = [f"--ssl_config_file={tls.config}"] if tls else []
     subprocess.run([sys.executable, str(KIT / "make_models.py"), str(work), "mlp"], check=True, capture_output=True)
     base = {"mlp": work / "mlp", "hp2": Path(HALF_PLUS_TWO_TF1)}
     config = model_config_file(work, base)
-    daemon = Daemon([f"--model_config_file={config}", *a.servex_flag], work, rest=True).wait_serving()
+    credentials = tls.credentials() if tls else None
+    daemon = Daemon([f"--model_config_file={config}", *tls_flags, *a.servex_flag], work, rest=True,
+                    credentials=credentials).wait_serving()  # fmt: skip
     only = [n for n in a.only.split(",") if n]
-    probe = Traffic(daemon, 0)
+    probe = Traffic(daemon, 0, tls)
     kinds = [c.__name__ for c, _ in probe.calls()]
     probe.close()
     if any(n not in kinds for n in only):
@@ -368,7 +441,7 @@ def main() -> None:
     stop = threading.Event()
 
     def caller(seed: int) -> None:
-        traffic = Traffic(daemon, seed)
+        traffic = Traffic(daemon, seed, tls)
         mix = [(c, w) for c, w in traffic.calls() if not only or c.__name__ in only]
         choices, weights = zip(*mix, strict=True)
         try:
@@ -443,6 +516,7 @@ def main() -> None:
         "threads": {"after_warmup": first["threads"], "end": last["threads"]},
         "log_tracebacks": daemon.log().count("Traceback"),
         "servex_flags": a.servex_flag,
+        "tls": a.tls or "off",
     }
     print(json.dumps({"summary": summary}), flush=True)
     for what, count in sorted(unexpected.items(), key=lambda kv: -kv[1])[:30]:

@@ -60,14 +60,17 @@ def check(tls: TlsSettings) -> None:
         _certificates("custom_ca", tls.custom_ca)
     elif tls.client_verify:
         raise TlsConfigError("client_verify is true but custom_ca is empty: client certificates must chain to it")
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    with tempfile.TemporaryDirectory(prefix="servex-tls-") as folder:  # the ssl module loads keys from files only
-        cert_file, key_file = os.path.join(folder, "cert.pem"), os.path.join(folder, "key.pem")
+    try:
+        folder = tempfile.TemporaryDirectory(prefix="servex-tls-")  # the ssl module loads keys from files only
+    except OSError:  # no writable temporary folder: gRPC checks the pair when it binds (less clearly)
+        return
+    with folder:
+        cert_file, key_file = os.path.join(folder.name, "cert.pem"), os.path.join(folder.name, "key.pem")
         for name, text in ((cert_file, tls.server_cert), (key_file, tls.server_key)):
             with open(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w", encoding="utf-8") as f:
                 f.write(text)
         try:
-            context.load_cert_chain(cert_file, key_file, password=_no_password)
+            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert_file, key_file, password=_no_password)
         except ssl.SSLError as e:
             if "KEY_VALUES_MISMATCH" in str(e):
                 raise TlsConfigError("server_key is not the private key of server_cert's first certificate") from None

@@ -97,3 +97,13 @@ def test_settings_that_cannot_serve_tls_are_refused_naming_the_field(authority, 
 def test_a_chain_with_its_intermediate_and_a_ca_bundle_are_taken(authority):
     server, other = authority.server(), Authority()
     check(TlsSettings(server.key, server.cert + authority.cert, authority.cert + other.cert, True))
+
+
+def test_without_a_writable_temporary_folder_the_pair_is_left_to_grpc(authority, monkeypatch, tmp_path):
+    import tempfile
+
+    server, other = authority.server(), authority.server()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "missing"))
+    check(TlsSettings(other.key, server.cert))  # no crash: gRPC refuses the pair when it binds
+    with pytest.raises(TlsConfigError, match="server_key is empty"):
+        check(TlsSettings("", server.cert))  # the checks that need no file still run
