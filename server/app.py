@@ -125,8 +125,11 @@ def prefetch(name: str, version: int, model, names: tuple[str, ...]) -> None:
         )
 
 
-def start_admin_server(settings: ServerSettings, core: ServingCore, options, lifecycle=None) -> grpc.aio.Server | None:
-    """The admin port (VariableService; with ``lifecycle``, the KServe v2 repository extension), or None when off."""
+def start_admin_server(
+    settings: ServerSettings, core: ServingCore, options, lifecycle=None, certificates: tls.Certificates | None = None
+) -> grpc.aio.Server | None:
+    """The admin port (VariableService; with ``lifecycle``, the KServe v2 repository extension), or None when off;
+    over TLS with ``certificates`` (--ssl_config_file)."""
     if not settings.admin_port:
         return None
     interceptors = []
@@ -143,7 +146,7 @@ def start_admin_server(settings: ServerSettings, core: ServingCore, options, lif
         kserve.add_repository_to_server(core, lifecycle, server)
     address = f"{settings.admin_bind_address}:{settings.admin_port}"
     try:
-        bound = bind(server, address, settings)
+        bound = bind(server, address, certificates)
     except RuntimeError as e:  # grpcio raises where it cannot bind (older versions returned 0)
         raise OSError(f"cannot bind the admin port to {address}: {e}") from None
     if bound == 0:
@@ -153,11 +156,14 @@ def start_admin_server(settings: ServerSettings, core: ServingCore, options, lif
     return server
 
 
-def bind(server, address: str, settings: ServerSettings) -> int:
-    """Bind ``server`` (gRPC) to ``address``, with TLS where --ssl_config_file gave it; the port bound."""
-    if settings.grpc_tls is None:
+def bind(server, address: str, certificates: tls.Certificates | None) -> int:
+    """Bind ``server`` (gRPC: a server or a ListenerGroup) to ``address``, over TLS with ``certificates``; the port
+    bound."""
+    if certificates is None:
         return server.add_insecure_port(address)
-    return server.add_secure_port(address, tls.server_credentials(settings.grpc_tls))
+    if isinstance(server, ListenerGroup):
+        return server.add_secure_port(address, certificates.credentials)  # each listener its own
+    return server.add_secure_port(address, certificates.credentials())
 
 
 def batching_options(settings: ServerSettings) -> BatchingOptions | None:
@@ -425,13 +431,15 @@ class _Ports:
         self.admin = None
         self.rest = None
         self.opened = False
+        # TLS of the gRPC ports (--ssl_config_file): one per process, following the file for rotation
+        self.certificates = tls.Certificates(settings.grpc_tls) if settings.grpc_tls else None
 
     async def open(self) -> bool:
         """Bind and start every port; False (logged, nothing left open) when one cannot bind."""
         settings = self.settings
         address = f"{settings.bind_address}:{settings.port}"
         try:
-            bind(self.server, address, settings)
+            bind(self.server, address, self.certificates)
         except (OSError, RuntimeError) as e:  # taken by another process (probe), or gRPC could not bind
             log.error("cannot bind gRPC to %s: %s", address, e)
             return False
@@ -439,12 +447,12 @@ class _Ports:
             address += f" and unix:{settings.grpc_socket_path}"
             try:  # one listener serves the socket: UNIX sockets have no SO_REUSEPORT spreading
                 refuse_if_served(settings.grpc_socket_path)
-                bind(self.server.servers[0], f"unix:{settings.grpc_socket_path}", settings)
+                bind(self.server.servers[0], f"unix:{settings.grpc_socket_path}", self.certificates)
             except (OSError, RuntimeError) as e:
                 log.error("cannot bind gRPC to unix:%s: %s", settings.grpc_socket_path, e)
                 return False
         try:
-            self.admin = start_admin_server(settings, self.core, self.options, self.lifecycle)
+            self.admin = start_admin_server(settings, self.core, self.options, self.lifecycle, self.certificates)
         except (OSError, ValueError) as e:
             log.error("%s", e)
             return False

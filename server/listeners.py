@@ -73,7 +73,10 @@ class ListenerGroup(grpc.aio.Server):
         return self._bind(address, lambda server, where: server.add_insecure_port(where))
 
     def add_secure_port(self, address: str, server_credentials) -> int:
-        return self._bind(address, lambda server, where: server.add_secure_port(where, server_credentials))
+        """As add_insecure_port, over TLS. ``server_credentials``: gRPC server credentials, or a function making
+        each listener its own (dynamic credentials keep, per listener, which certificate it serves)."""
+        make = server_credentials if callable(server_credentials) else lambda: server_credentials
+        return self._bind(address, lambda server, where: server.add_secure_port(where, make()))
 
     def _bind(self, address: str, add) -> int:
         host, _, port = address.rpartition(":")

@@ -1,22 +1,31 @@
 """TLS for the gRPC ports: TensorFlow Serving's --ssl_config_file (a text-format SSLConfig holding PEM text) read
-and checked at start, and the gRPC server credentials made from it.
+and checked at start, and the gRPC server credentials made from it, which follow the file when it changes.
 
 The checks use the standard library's ssl module, so that a bad file stops servex at start with a line naming the
 field at fault; gRPC itself would only fail to bind ("Failed to bind to address"), or load a CA that verifies no
 client. As in TensorFlow Serving, `client_verify` makes the server require a client certificate that `custom_ca`
 signed; without it no client certificate is asked for.
+
+Rotation (servex's own; TensorFlow Serving reads the file once): gRPC asks `Certificates` before every TLS
+handshake whether the certificate changed. It looks at the file's modification time, size and inode (one stat),
+and when they change reads and checks the file again: new connections then get the new key, certificate and CA,
+while open ones keep theirs. A changed file that cannot serve is logged and the certificate in use kept.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import ssl
 import tempfile
+import threading
 from pathlib import Path
 
 from google.protobuf import text_format
 
 from server.settings import TlsSettings
+
+log = logging.getLogger("servex")
 
 
 class TlsConfigError(ValueError):
@@ -39,7 +48,7 @@ def read_ssl_config(path: str) -> TlsSettings:
         raise TlsConfigError(
             f"{path!r} is not an SSLConfig in text format (server_key, server_cert, custom_ca, client_verify): {e}"
         ) from None
-    tls = TlsSettings(config.server_key, config.server_cert, config.custom_ca, config.client_verify)
+    tls = TlsSettings(config.server_key, config.server_cert, config.custom_ca, config.client_verify, source=path)
     try:
         check(tls)
     except TlsConfigError as e:
@@ -90,13 +99,77 @@ def _no_password() -> bytes:
     raise TlsConfigError("server_key is encrypted: gRPC takes an unencrypted PEM private key")
 
 
-def server_credentials(tls: TlsSettings):
-    """gRPC server credentials serving ``tls``: TensorFlow Serving's, a client certificate required and verified
-    against custom_ca when client_verify is set."""
+class Certificates:
+    """The gRPC server credentials of ``tls``: TensorFlow Serving's, a client certificate required and verified
+    against custom_ca when client_verify is set. Where ``tls`` was read from a file (``source``), the credentials
+    follow it: see the module's docstring. One object per process; ``credentials()`` for each listener."""
+
+    def __init__(self, tls: TlsSettings):
+        self.tls = tls
+        self._configuration = _configuration(tls)
+        self._generation = 0  # bumped at each certificate change
+        self._stamp = _stamp(tls.source) if tls.source else None
+        self._lock = threading.Lock()
+
+    def credentials(self):
+        """Server credentials for one listener (each keeps which certificate it serves)."""
+        import grpc
+
+        if not self.tls.source:
+            return grpc.ssl_server_credentials(
+                [(self.tls.server_key.encode(), self.tls.server_cert.encode())],
+                root_certificates=self.tls.custom_ca.encode() if self.tls.custom_ca.strip() else None,
+                require_client_auth=self.tls.client_verify,
+            )
+        served = [self._generation]
+
+        def fetch():  # gRPC calls it, on one of its threads, before each TLS handshake of this listener
+            self._follow_file()
+            if served[0] == self._generation:
+                return None
+            served[0] = self._generation
+            return self._configuration
+
+        return grpc.dynamic_ssl_server_credentials(self._configuration, fetch, self.tls.client_verify)
+
+    def _follow_file(self) -> None:
+        stamp = _stamp(self.tls.source)
+        if stamp == self._stamp:
+            return
+        with self._lock:
+            if stamp == self._stamp:
+                return
+            self._stamp = stamp
+            path = self.tls.source
+            try:
+                tls = read_ssl_config(path)
+            except TlsConfigError as e:
+                log.error("TLS: %s changed and cannot serve: keeping the certificate in use: %s", path, e)
+                return
+            if tls.client_verify != self.tls.client_verify:
+                log.error("TLS: %s changed client_verify to %s: keeping the certificate in use (client_verify "
+                          "is fixed while servex runs: restart to change it)", path, tls.client_verify)  # fmt: skip
+                return
+            if tls == self.tls:
+                return  # touched, not changed
+            self.tls, self._configuration = tls, _configuration(tls)
+            self._generation += 1
+        log.info("TLS: %s changed: new connections get its certificate", path)
+
+
+def _configuration(tls: TlsSettings):
     import grpc
 
-    return grpc.ssl_server_credentials(
+    return grpc.ssl_server_certificate_configuration(
         [(tls.server_key.encode(), tls.server_cert.encode())],
         root_certificates=tls.custom_ca.encode() if tls.custom_ca.strip() else None,
-        require_client_auth=tls.client_verify,
     )
+
+
+def _stamp(path: str) -> tuple[int, int, int] | None:
+    """What changes when the file is written or replaced (a Kubernetes Secret volume swaps a symbolic link)."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_mtime_ns, info.st_size, info.st_ino

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 import urllib.request
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -191,3 +193,55 @@ def test_an_ssl_config_that_cannot_serve_stops_servex_at_start_naming_the_field(
     assert outcome.returncode == 2
     assert "--ssl_config_file:" in outcome.stderr
     assert "server_key is not the private key of server_cert's first certificate" in outcome.stderr
+
+
+def wait_for_log(daemon, text: str, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in daemon.log():
+        assert time.monotonic() < deadline, f"{text!r} not logged:\n{daemon.log()[-2000:]}"
+        time.sleep(0.05)
+
+
+def fresh_channel(address: str, ca: str, options=()):
+    """A channel on a connection of its own (a new TLS handshake)."""
+    return grpc.secure_channel(address, grpc.ssl_channel_credentials(ca.encode()),
+                               (("grpc.use_local_subchannel_pool", 1), *options))  # fmt: skip
+
+
+def test_a_rotated_certificate_serves_new_connections_without_a_restart(start_daemon, tmp_path_factory):
+    old, new = Authority("old CA"), Authority("new CA")
+    daemon = start(start_daemon, tmp_path_factory, ssl_config(old.server()),
+                   grpc.ssl_channel_credentials(old.cert.encode()))  # fmt: skip
+    config = _config_path(daemon)
+    assert predict(daemon.channel) == [2.5, 3.0, 4.5]  # a connection made under the old certificate
+    config.write_text(ssl_config(new.server()))
+    with fresh_channel(daemon.address, new.cert) as channel:
+        assert predict(channel, (2.0,)) == [3.0]
+    wait_for_log(daemon, f"TLS: {config} changed: new connections get its certificate")
+    assert refused(fresh_channel(daemon.address, old.cert)).code() == grpc.StatusCode.UNAVAILABLE
+    assert predict(daemon.channel, (4.0,)) == [4.0]  # the open connection keeps its session
+    for listener in range(8):  # every listener serves the new certificate (connections spread over them)
+        with fresh_channel(daemon.address, new.cert) as channel:
+            assert predict(channel, (float(listener),)) == [listener / 2 + 2], listener
+
+
+def test_a_changed_file_that_cannot_serve_keeps_the_certificate_in_use(start_daemon, tmp_path_factory, authority):
+    daemon = start(start_daemon, tmp_path_factory, ssl_config(authority.server()),
+                   grpc.ssl_channel_credentials(authority.cert.encode()))  # fmt: skip
+    config = _config_path(daemon)
+    config.write_text(ssl_config(Pem(Authority().server().key, authority.server().cert)))
+    with fresh_channel(daemon.address, authority.cert) as channel:
+        assert predict(channel, (0.0,)) == [2.0]
+    wait_for_log(daemon, f"TLS: {config} changed and cannot serve: keeping the certificate in use: {str(config)!r}: "
+                         "server_key is not the private key")  # fmt: skip
+    config.write_text(ssl_config(authority.server(), authority.cert, client_verify=True))
+    with fresh_channel(daemon.address, authority.cert) as channel:
+        assert predict(channel, (0.0,)) == [2.0]  # still no client certificate asked for
+    wait_for_log(daemon, "changed client_verify to True: keeping the certificate in use")
+    assert daemon.proc.poll() is None
+
+
+def _config_path(daemon) -> Path:
+    command = Path(f"/proc/{daemon.proc.pid}/cmdline").read_bytes().split(b"\0")
+    flag = next(arg for arg in command if arg.startswith(b"--ssl_config_file="))
+    return Path(flag.split(b"=", 1)[1].decode())
