@@ -286,6 +286,24 @@ def build_parser() -> argparse.ArgumentParser:
         "custom_ca with client_verify: true; REST stays plaintext, as in TensorFlow Serving",
     )
     p.add_argument(
+        "--ssl_server_cert_file",
+        default="",
+        help="instead of --ssl_config_file: PEM file of the server's certificate chain (a Kubernetes TLS Secret's "
+        "tls.crt); with --ssl_server_key_file",
+    )
+    p.add_argument("--ssl_server_key_file", default="", help="PEM file of the server's private key (tls.key)")
+    p.add_argument(
+        "--ssl_custom_ca_file",
+        default="",
+        help="PEM file of the CAs client certificates must chain to (ca.crt); needed with --ssl_client_verify",
+    )
+    _add_bool(
+        p,
+        "--ssl_client_verify",
+        default=False,
+        help="with the PEM file flags: require a client certificate that --ssl_custom_ca_file's CAs signed",
+    )
+    p.add_argument(
         "--monitoring_config_file",
         default="",
         help="TensorFlow Serving's MonitoringConfig in text format: prometheus_config { enable: true path: ... } "
@@ -425,11 +443,23 @@ def parse_settings(argv: list[str] | None = None) -> Parsed:
         fail(f"--grpc_socket_path is {len(os.fsencode(args.grpc_socket_path))} bytes long: a UNIX socket's path "
              f"takes at most {MAX_SOCKET_PATH}")  # fmt: skip
     grpc_tls = None
+    pem_files = args.ssl_server_cert_file or args.ssl_server_key_file or args.ssl_custom_ca_file
+    if args.ssl_config_file and (pem_files or args.ssl_client_verify):
+        fail("--ssl_config_file and the PEM file flags (--ssl_server_cert_file, ...) are two ways to give one TLS "
+             "configuration: give one of them")  # fmt: skip
     if args.ssl_config_file:
         try:
             grpc_tls = tls.read_ssl_config(args.ssl_config_file)
         except tls.TlsConfigError as e:
             fail(f"--ssl_config_file: {e}")
+    elif pem_files or args.ssl_client_verify:
+        if not (args.ssl_server_cert_file and args.ssl_server_key_file):
+            fail("TLS from PEM files needs both --ssl_server_cert_file and --ssl_server_key_file")
+        try:
+            grpc_tls = tls.read_pem_files(args.ssl_server_cert_file, args.ssl_server_key_file,
+                                          args.ssl_custom_ca_file, args.ssl_client_verify)  # fmt: skip
+        except tls.TlsConfigError as e:
+            fail(str(e))
     if args.model_base_path is not None:
         name = args.model_name or "default"
     else:

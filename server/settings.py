@@ -30,8 +30,9 @@ class TlsSettings:
     custom_ca: str = ""
     # Require and verify a client certificate (mutual TLS); False: none is asked for.
     client_verify: bool = False
-    # The SSLConfig file these were read from, followed for certificate rotation ("": fixed).
-    source: str = field(default="", compare=False)
+    # The files these were read from, followed for certificate rotation: (the SSLConfig file,) or (certificate,
+    # key, CA or "") for the PEM file flags; (): fixed.
+    sources: tuple[str, ...] = field(default=(), compare=False)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,7 @@
-"""TLS for the gRPC ports: TensorFlow Serving's --ssl_config_file (a text-format SSLConfig holding PEM text) read
-and checked at start, and the gRPC server credentials made from it, which follow the file when it changes.
+"""TLS for the gRPC ports: TensorFlow Serving's --ssl_config_file (a text-format SSLConfig holding PEM text), or
+servex's PEM file flags (--ssl_server_cert_file, --ssl_server_key_file, --ssl_custom_ca_file, as a Kubernetes TLS
+Secret holds them), read and checked at start, and the gRPC server credentials made from them, which follow the
+files when they change.
 
 The checks use the standard library's ssl module, so that a bad file stops servex at start with a line naming the
 field at fault; gRPC itself would only fail to bind ("Failed to bind to address"), or load a CA that verifies no
@@ -7,9 +9,9 @@ client. As in TensorFlow Serving, `client_verify` makes the server require a cli
 signed; without it no client certificate is asked for.
 
 Rotation (servex's own; TensorFlow Serving reads the file once): gRPC asks `Certificates` before every TLS
-handshake whether the certificate changed. It looks at the file's modification time, size and inode (one stat),
-and when they change reads and checks the file again: new connections then get the new key, certificate and CA,
-while open ones keep theirs. A changed file that cannot serve is logged and the certificate in use kept.
+handshake whether the certificate changed. It looks at the files' modification times, sizes and inodes (a stat
+each), and when they change reads and checks them again: new connections then get the new key, certificate and
+CA, while open ones keep theirs. Files that cannot serve are logged and the certificate in use kept.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ def read_ssl_config(path: str) -> TlsSettings:
         raise TlsConfigError(
             f"{path!r} is not an SSLConfig in text format (server_key, server_cert, custom_ca, client_verify): {e}"
         ) from None
-    tls = TlsSettings(config.server_key, config.server_cert, config.custom_ca, config.client_verify, source=path)
+    tls = TlsSettings(config.server_key, config.server_cert, config.custom_ca, config.client_verify, sources=(path,))
     try:
         check(tls)
     except TlsConfigError as e:
@@ -56,34 +58,62 @@ def read_ssl_config(path: str) -> TlsSettings:
     return tls
 
 
-def check(tls: TlsSettings) -> None:
+# The PEM file flags, by the SSLConfig field each one fills.
+PEM_FLAGS = {"server_cert": "--ssl_server_cert_file", "server_key": "--ssl_server_key_file",
+             "custom_ca": "--ssl_custom_ca_file"}  # fmt: skip
+
+
+def read_pem_files(cert_file: str, key_file: str, ca_file: str = "", client_verify: bool = False) -> TlsSettings:
+    """The checked TLS settings of the PEM file flags; TlsConfigError naming the flag and file at fault."""
+    paths = {"server_cert": cert_file, "server_key": key_file, "custom_ca": ca_file}
+    texts = {}
+    for field, path in paths.items():
+        try:
+            texts[field] = Path(path).read_text(encoding="utf-8") if path else ""
+        except OSError as e:
+            raise TlsConfigError(f"{PEM_FLAGS[field]}: cannot read {path!r}: {e.strerror}") from None
+        except UnicodeDecodeError:
+            raise TlsConfigError(f"{PEM_FLAGS[field]}: {path!r} is not PEM text") from None
+    tls = TlsSettings(texts["server_key"], texts["server_cert"], texts["custom_ca"], client_verify,
+                      sources=(cert_file, key_file, ca_file))  # fmt: skip
+    check(tls, {field: f"{PEM_FLAGS[field]} ({paths[field]!r})" for field in paths})
+    return tls
+
+
+def check(tls: TlsSettings, names: dict[str, str] | None = None) -> None:
     """TlsConfigError unless the key and certificate chain parse and match, and custom_ca parses (and is given
-    where client_verify asks for it)."""
+    where client_verify asks for it). ``names``: what the messages call each field (default: SSLConfig's names)."""
+    name = names or {field: field for field in PEM_FLAGS}
     for field, value in (("server_key", tls.server_key), ("server_cert", tls.server_cert)):
         if not value.strip():
-            raise TlsConfigError(f"{field} is empty: it holds the PEM text itself (-----BEGIN ...), not a file path")
+            hint = "" if names else ": it holds the PEM text itself (-----BEGIN ...), not a file path"
+            raise TlsConfigError(f"{name[field]} is empty{hint}")
     if "ENCRYPTED" in tls.server_key:
-        raise TlsConfigError("server_key is encrypted: gRPC takes an unencrypted PEM private key")
-    _certificates("server_cert", tls.server_cert)
+        raise TlsConfigError(f"{name['server_key']} is encrypted: gRPC takes an unencrypted PEM private key")
+    _certificates(name["server_cert"], tls.server_cert)
     if tls.custom_ca.strip():
-        _certificates("custom_ca", tls.custom_ca)
+        _certificates(name["custom_ca"], tls.custom_ca)
     elif tls.client_verify:
-        raise TlsConfigError("client_verify is true but custom_ca is empty: client certificates must chain to it")
+        raise TlsConfigError(
+            f"client_verify is true but {name['custom_ca']} is empty: client certificates must chain to it"
+        )
     try:
         folder = tempfile.TemporaryDirectory(prefix="servex-tls-")  # the ssl module loads keys from files only
     except OSError:  # no writable temporary folder: gRPC checks the pair when it binds (less clearly)
         return
     with folder:
         cert_file, key_file = os.path.join(folder.name, "cert.pem"), os.path.join(folder.name, "key.pem")
-        for name, text in ((cert_file, tls.server_cert), (key_file, tls.server_key)):
-            with open(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w", encoding="utf-8") as f:
+        for file, text in ((cert_file, tls.server_cert), (key_file, tls.server_key)):
+            with open(os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w", encoding="utf-8") as f:
                 f.write(text)
         try:
             ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert_file, key_file, password=_no_password)
         except ssl.SSLError as e:
             if "KEY_VALUES_MISMATCH" in str(e):
-                raise TlsConfigError("server_key is not the private key of server_cert's first certificate") from None
-            raise TlsConfigError(f"server_key is not a PEM private key ({e.reason or e})") from None
+                raise TlsConfigError(
+                    f"{name['server_key']} is not the private key of {name['server_cert']}'s first certificate"
+                ) from None
+            raise TlsConfigError(f"{name['server_key']} is not a PEM private key ({e.reason or e})") from None
 
 
 def _certificates(field: str, text: str) -> None:
@@ -96,26 +126,26 @@ def _certificates(field: str, text: str) -> None:
 
 
 def _no_password() -> bytes:
-    raise TlsConfigError("server_key is encrypted: gRPC takes an unencrypted PEM private key")
+    raise TlsConfigError("the private key is encrypted: gRPC takes an unencrypted PEM private key")
 
 
 class Certificates:
     """The gRPC server credentials of ``tls``: TensorFlow Serving's, a client certificate required and verified
-    against custom_ca when client_verify is set. Where ``tls`` was read from a file (``source``), the credentials
+    against custom_ca when client_verify is set. Where ``tls`` was read from files (``sources``), the credentials
     follow it: see the module's docstring. One object per process; ``credentials()`` for each listener."""
 
     def __init__(self, tls: TlsSettings):
         self.tls = tls
         self._configuration = _configuration(tls)
         self._generation = 0  # bumped at each certificate change
-        self._stamp = _stamp(tls.source) if tls.source else None
+        self._stamp = _stamps(tls.sources)
         self._lock = threading.Lock()
 
     def credentials(self):
         """Server credentials for one listener (each keeps which certificate it serves)."""
         import grpc
 
-        if not self.tls.source:
+        if not self.tls.sources:
             return grpc.ssl_server_credentials(
                 [(self.tls.server_key.encode(), self.tls.server_cert.encode())],
                 root_certificates=self.tls.custom_ca.encode() if self.tls.custom_ca.strip() else None,
@@ -133,28 +163,34 @@ class Certificates:
         return grpc.dynamic_ssl_server_credentials(self._configuration, fetch, self.tls.client_verify)
 
     def _follow_file(self) -> None:
-        stamp = _stamp(self.tls.source)
+        stamp = _stamps(self.tls.sources)
         if stamp == self._stamp:
             return
         with self._lock:
             if stamp == self._stamp:
                 return
             self._stamp = stamp
-            path = self.tls.source
+            files = ", ".join(p for p in self.tls.sources if p)
             try:
-                tls = read_ssl_config(path)
+                tls = _reread(self.tls)
             except TlsConfigError as e:
-                log.error("TLS: %s changed and cannot serve: keeping the certificate in use: %s", path, e)
+                log.error("TLS: %s changed and cannot serve: keeping the certificate in use: %s", files, e)
                 return
             if tls.client_verify != self.tls.client_verify:
                 log.error("TLS: %s changed client_verify to %s: keeping the certificate in use (client_verify "
-                          "is fixed while servex runs: restart to change it)", path, tls.client_verify)  # fmt: skip
+                          "is fixed while servex runs: restart to change it)", files, tls.client_verify)  # fmt: skip
                 return
             if tls == self.tls:
                 return  # touched, not changed
             self.tls, self._configuration = tls, _configuration(tls)
             self._generation += 1
-        log.info("TLS: %s changed: new connections get its certificate", path)
+        log.info("TLS: %s changed: new connections get its certificate", files)
+
+
+def _reread(tls: TlsSettings) -> TlsSettings:
+    if len(tls.sources) == 1:  # an SSLConfig file
+        return read_ssl_config(tls.sources[0])
+    return read_pem_files(*tls.sources, client_verify=tls.client_verify)
 
 
 def _configuration(tls: TlsSettings):
@@ -166,10 +202,14 @@ def _configuration(tls: TlsSettings):
     )
 
 
-def _stamp(path: str) -> tuple[int, int, int] | None:
-    """What changes when the file is written or replaced (a Kubernetes Secret volume swaps a symbolic link)."""
-    try:
-        info = os.stat(path)
-    except OSError:
-        return None
-    return info.st_mtime_ns, info.st_size, info.st_ino
+def _stamps(paths: tuple[str, ...]) -> tuple:
+    """What changes when a file is written or replaced (a Kubernetes Secret volume swaps a symbolic link)."""
+
+    def stamp(path: str) -> tuple[int, int, int] | None:
+        try:
+            info = os.stat(path)
+        except OSError:
+            return None
+        return info.st_mtime_ns, info.st_size, info.st_ino
+
+    return tuple(stamp(p) for p in paths if p)

@@ -16,7 +16,7 @@ from cloudcoil.models.prometheus_operator import v1 as monitoring
 from google.protobuf import text_format
 from tensorflow_serving.config import model_server_config_pb2
 
-from tests.deploy.conftest import KUBERNETES, QUEUE_DEPTH_OVERLAY, RULES, kustomize
+from tests.deploy.conftest import KUBERNETES, QUEUE_DEPTH_OVERLAY, RULES, TLS_OVERLAY, kustomize
 
 K8S_VERSIONS = ("1.27.0", kubernetes_validate.latest_version())  # 1.27: gRPC probes are GA
 CRD_MODELS = {("monitoring.coreos.com/v1", "PodMonitor"): monitoring.PodMonitor,
@@ -61,7 +61,7 @@ def test_kustomization_renders_every_object(base):
                      "PodDisruptionBudget", "PodMonitor", "PrometheusRule"}  # fmt: skip
 
 
-@pytest.mark.parametrize("folder", [KUBERNETES, QUEUE_DEPTH_OVERLAY], ids=["base", "queue-depth"])
+@pytest.mark.parametrize("folder", [KUBERNETES, QUEUE_DEPTH_OVERLAY, TLS_OVERLAY], ids=["base", "queue-depth", "tls"])
 def test_every_rendered_object_validates_offline(kubectl, folder):
     docs = kustomize(kubectl, folder)
     assert docs
@@ -202,6 +202,32 @@ def test_queue_depth_variant(overlay, base):
     assert rule["name"]["as"] == "servex_queue_depth"
     assert re.match(r"servex_queue_depth\{", rule["seriesQuery"])
     assert set(rule["resources"]["overrides"]) == {"namespace", "pod"}
+
+
+def test_tls_variant(kubectl, base, container):
+    tls = {doc["kind"]: doc for doc in kustomize(kubectl, TLS_OVERLAY)}
+    pod = tls["Deployment"]["spec"]["template"]["spec"]
+    (served,) = pod["containers"]
+    from server.cli import build_parser
+
+    args = build_parser().parse_args(served["args"])  # servex's own flags, the base's kept
+    assert served["args"][: len(container["args"])] == container["args"]
+    assert (args.ssl_server_cert_file, args.ssl_server_key_file, args.ssl_custom_ca_file, args.ssl_client_verify) == (
+        "/etc/servex-tls/tls.crt",
+        "/etc/servex-tls/tls.key",
+        "/etc/servex-tls/ca.crt",
+        True,
+    )
+    assert {"name": "tls", "mountPath": "/etc/servex-tls", "readOnly": True} in served["volumeMounts"]
+    assert {"name": "tls", "secret": {"secretName": "servex-tls", "defaultMode": 0o440}} in pod["volumes"]
+    # the probes ask REST's readiness (native gRPC probes speak no TLS) with the base's timings
+    ports = {p["name"]: p["containerPort"] for p in served["ports"]}
+    assert ports["http"] == 8501 and "--rest_api_port=8501" in served["args"]
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        expected = {k: v for k, v in container[probe].items() if k != "grpc"}
+        assert served[probe] == {**expected, "httpGet": {"path": "/v2/health/ready", "port": "http"}}, probe
+    # everything else is the base, unchanged
+    assert {k: v for k, v in tls.items() if k != "Deployment"} == {k: v for k, v in base.items() if k != "Deployment"}
 
 
 def test_prometheus_rule_matches_the_rule_file(base):

@@ -6,6 +6,7 @@ tests/certificates.py."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -239,6 +240,44 @@ def test_a_changed_file_that_cannot_serve_keeps_the_certificate_in_use(start_dae
         assert predict(channel, (0.0,)) == [2.0]  # still no client certificate asked for
     wait_for_log(daemon, "changed client_verify to True: keeping the certificate in use")
     assert daemon.proc.poll() is None
+
+
+def secret_volume(folder: Path, version: str, server: Pem, ca: str) -> None:
+    """Write a Kubernetes TLS Secret's files as the kubelet does: into a fresh folder, then one atomic swap of the
+    ``..data`` link that tls.crt, tls.key and ca.crt point through."""
+    data = folder / f"..{version}"
+    data.mkdir()
+    for name, text in (("tls.crt", server.cert), ("tls.key", server.key), ("ca.crt", ca)):
+        (data / name).write_text(text)
+        if not (folder / name).is_symlink():
+            (folder / name).symlink_to(Path("..data") / name)
+    (folder / "..data_tmp").symlink_to(data.name)
+    os.replace(folder / "..data_tmp", folder / "..data")
+
+
+def test_pem_files_of_a_kubernetes_secret_serve_mutual_tls_and_rotate(start_daemon, tmp_path_factory):
+    old, new = Authority("old CA"), Authority("new CA")
+    folder = tmp_path_factory.mktemp("secret")
+    secret_volume(folder, "v1", old.server(), old.cert)
+    client = old.client()
+    credentials = grpc.ssl_channel_credentials(old.cert.encode(), client.key.encode(), client.cert.encode())
+    daemon = start_daemon(f"--model_base_path={HALF_PLUS_TWO_TF2}", f"--model_name={MODEL}",
+                          f"--ssl_server_cert_file={folder / 'tls.crt'}", f"--ssl_server_key_file={folder / 'tls.key'}",
+                          f"--ssl_custom_ca_file={folder / 'ca.crt'}", "--ssl_client_verify",
+                          credentials=credentials)  # fmt: skip
+    assert predict(daemon.channel) == [2.5, 3.0, 4.5]
+    no_client_cert = grpc.ssl_channel_credentials(old.cert.encode())
+    assert refused(grpc.secure_channel(daemon.address, no_client_cert)).code() == grpc.StatusCode.UNAVAILABLE
+    secret_volume(folder, "v2", new.server(), new.cert)  # cert-manager renewed: a new CA, key and certificate
+    new_client = new.client()
+    renewed = grpc.ssl_channel_credentials(new.cert.encode(), new_client.key.encode(), new_client.cert.encode())
+    with grpc.secure_channel(daemon.address, renewed, (("grpc.use_local_subchannel_pool", 1),)) as channel:
+        assert predict(channel, (2.0,)) == [3.0]
+    wait_for_log(daemon, "changed: new connections get its certificate")
+    # a client of the old CA is now turned away (servex's certificate is the new CA's, and custom_ca no longer
+    # signs the client's)
+    stale = grpc.secure_channel(daemon.address, credentials, (("grpc.use_local_subchannel_pool", 1),))
+    assert refused(stale).code() == grpc.StatusCode.UNAVAILABLE
 
 
 def _config_path(daemon) -> Path:

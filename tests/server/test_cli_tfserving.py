@@ -46,6 +46,34 @@ def test_every_tensorflow_serving_only_flag_is_taken_and_noted_with_its_reason()
     assert set(NO_EFFECT_FLAGS) | set(REFUSED_FLAGS) == {f.split("=")[0][2:] for f in TFS_ONLY}
 
 
+def test_pem_file_flags_are_the_other_way_to_give_tls(tmp_path, capsys):
+    from tests.certificates import Authority, ssl_config
+
+    authority = Authority()
+    server = authority.server()
+    for name, text in (("tls.crt", server.cert), ("tls.key", server.key), ("ca.crt", authority.cert)):
+        (tmp_path / name).write_text(text)
+    (tmp_path / "ssl.config").write_text(ssl_config(server))
+    pem = [f"--ssl_server_cert_file={tmp_path / 'tls.crt'}", f"--ssl_server_key_file={tmp_path / 'tls.key'}"]
+    tls = parse_settings([*pem, f"--ssl_custom_ca_file={tmp_path / 'ca.crt'}", "--ssl_client_verify"]).settings.grpc_tls
+    assert (tls.server_key, tls.server_cert, tls.custom_ca, tls.client_verify) == (
+        server.key,
+        server.cert,
+        authority.cert,
+        True,
+    )
+    for argv, message in [
+        ([*pem, f"--ssl_config_file={tmp_path / 'ssl.config'}"], "are two ways to give one TLS configuration"),
+        (["--ssl_client_verify", f"--ssl_config_file={tmp_path / 'ssl.config'}"], "give one of them"),
+        (pem[:1], "needs both --ssl_server_cert_file and --ssl_server_key_file"),
+        ([*pem, "--ssl_client_verify"], "client_verify is true but --ssl_custom_ca_file ('') is empty"),
+    ]:
+        with pytest.raises(SystemExit) as info:
+            parse_settings(argv)
+        assert info.value.code == 2
+        assert message in capsys.readouterr().err
+
+
 def test_grpc_socket_path_and_its_length(capsys):
     assert parse_settings([]).settings.grpc_socket_path == ""
     assert parse_settings(["--grpc_socket_path=/run/tfs.sock"]).settings.grpc_socket_path == "/run/tfs.sock"

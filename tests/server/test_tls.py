@@ -7,7 +7,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 
 from server.settings import TlsSettings
-from server.tls import TlsConfigError, check, read_ssl_config
+from server.tls import TlsConfigError, check, read_pem_files, read_ssl_config
 from tests.certificates import Authority, ssl_config
 
 
@@ -107,3 +107,45 @@ def test_without_a_writable_temporary_folder_the_pair_is_left_to_grpc(authority,
     check(TlsSettings(other.key, server.cert))  # no crash: gRPC refuses the pair when it binds
     with pytest.raises(TlsConfigError, match="server_key is empty"):
         check(TlsSettings("", server.cert))  # the checks that need no file still run
+
+
+def write_pem(folder, pem, ca: str = "") -> tuple[str, str, str]:
+    (folder / "tls.crt").write_text(pem.cert)
+    (folder / "tls.key").write_text(pem.key)
+    if ca:
+        (folder / "ca.crt").write_text(ca)
+    return str(folder / "tls.crt"), str(folder / "tls.key"), str(folder / "ca.crt") if ca else ""
+
+
+def test_pem_files_as_a_kubernetes_tls_secret_holds_them(tmp_path, authority):
+    server = authority.server()
+    cert, key, ca = write_pem(tmp_path, server, authority.cert)
+    tls = read_pem_files(cert, key, ca, client_verify=True)
+    assert tls == TlsSettings(server.key, server.cert, authority.cert, True)
+    assert tls.sources == (cert, key, ca)
+    assert read_pem_files(cert, key) == TlsSettings(server.key, server.cert)
+
+
+def test_pem_files_that_cannot_serve_name_the_flag_and_the_file(tmp_path, authority):
+    cert, key, _ = write_pem(tmp_path, authority.server())
+    missing = str(tmp_path / "missing.crt")
+    with pytest.raises(TlsConfigError) as info:
+        read_pem_files(missing, key)
+    assert str(info.value) == f"--ssl_server_cert_file: cannot read {missing!r}: No such file or directory"
+    other = tmp_path / "other.key"
+    other.write_text(authority.server().key)
+    with pytest.raises(TlsConfigError) as info:
+        read_pem_files(cert, str(other))
+    assert str(info.value) == (
+        f"--ssl_server_key_file ({str(other)!r}) is not the private key of --ssl_server_cert_file ({cert!r})'s "
+        "first certificate"
+    )
+    with pytest.raises(TlsConfigError, match=r"client_verify is true but --ssl_custom_ca_file \(''\) is empty"):
+        read_pem_files(cert, key, client_verify=True)
+    (tmp_path / "binary.crt").write_bytes(b"\x30\x82\xff\xfe")  # DER, not PEM
+    with pytest.raises(TlsConfigError, match="--ssl_server_cert_file: .* is not PEM text"):
+        read_pem_files(str(tmp_path / "binary.crt"), key)
+    (tmp_path / "empty.key").write_text("")
+    with pytest.raises(TlsConfigError) as info:
+        read_pem_files(cert, str(tmp_path / "empty.key"))
+    assert str(info.value).endswith("empty.key') is empty")
