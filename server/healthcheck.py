@@ -43,8 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="print nothing when SERVING")
     tls = p.add_argument_group("TLS (servex started with --ssl_config_file); any of these turns TLS on")
     tls.add_argument("--tls", action="store_true", help="connect over TLS")
-    tls.add_argument("--tls_ca_cert", default="", help="PEM file of the CA that signed the server's certificate "
-                     "(default: the system's roots)")  # fmt: skip
+    tls.add_argument(
+        "--tls_ca_cert",
+        default="",
+        help="PEM file of the CA that signed the server's certificate (default: grpcio's bundled roots, or the file "
+        "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH names)",
+    )
     tls.add_argument("--tls_client_cert", default="", help="PEM file of this client's certificate (client_verify)")
     tls.add_argument("--tls_client_key", default="", help="PEM file of this client's private key (client_verify)")
     tls.add_argument("--tls_server_name", default="", help="name to expect in the server's certificate (default: "

@@ -150,10 +150,13 @@ def refuse_if_served(path: str) -> None:
     if not stat.S_ISSOCK(mode):
         raise OSError(errno.EEXIST, f"{path} exists and is not a socket")
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(2)  # a server whose backlog is full does not answer at once: it is there all the same
         try:
             probe.connect(path)
         except (ConnectionRefusedError, FileNotFoundError):
             return
+        except TimeoutError:
+            pass
     raise OSError(errno.EADDRINUSE, f"another process serves the socket {path}")
 
 

@@ -22,8 +22,8 @@ def demo_model_base_path() -> str:
 class TlsSettings:
     """TLS of the gRPC ports (TensorFlow Serving's SSLConfig; server/tls.py reads and checks one): PEM text."""
 
-    # The server's private key, unencrypted.
-    server_key: str
+    # The server's private key, unencrypted (left out of the dataclass's repr).
+    server_key: str = field(repr=False)
     # The server's certificate chain, leaf first.
     server_cert: str
     # Certificate authorities a client certificate must chain to (needed with client_verify).

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import ssl
-import tempfile
 import threading
+import time
 from pathlib import Path
 
 from google.protobuf import text_format
@@ -34,6 +35,10 @@ class TlsConfigError(ValueError):
     """The SSLConfig cannot serve TLS; the message names the file and the field."""
 
 
+class TlsReadError(TlsConfigError):
+    """A file could not be read (missing, unreadable, no descriptor free): maybe for a moment only."""
+
+
 def read_ssl_config(path: str) -> TlsSettings:
     """The checked TLS settings of the SSLConfig file at ``path``; TlsConfigError saying what is wrong."""
     from protos.servex.v1 import ssl_config_pb2
@@ -41,7 +46,7 @@ def read_ssl_config(path: str) -> TlsSettings:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as e:
-        raise TlsConfigError(f"cannot read {path!r}: {e.strerror}") from None
+        raise TlsReadError(f"cannot read {path!r}: {e.strerror}") from None
     except UnicodeDecodeError:
         raise TlsConfigError(f"{path!r} is not text: an SSLConfig in text format holds PEM text") from None
     try:
@@ -54,9 +59,11 @@ def read_ssl_config(path: str) -> TlsSettings:
     try:
         check(tls)
     except TlsConfigError as e:
-        raise TlsConfigError(f"{path!r}: {e}") from None
+        raise type(e)(f"{path!r}: {e}") from None
     return tls
 
+
+RETRY_S = 1.0  # after a failed read, how long before the files are read again
 
 # The PEM file flags, by the SSLConfig field each one fills.
 PEM_FLAGS = {"server_cert": "--ssl_server_cert_file", "server_key": "--ssl_server_key_file",
@@ -71,7 +78,7 @@ def read_pem_files(cert_file: str, key_file: str, ca_file: str = "", client_veri
         try:
             texts[field] = Path(path).read_text(encoding="utf-8") if path else ""
         except OSError as e:
-            raise TlsConfigError(f"{PEM_FLAGS[field]}: cannot read {path!r}: {e.strerror}") from None
+            raise TlsReadError(f"{PEM_FLAGS[field]}: cannot read {path!r}: {e.strerror}") from None
         except UnicodeDecodeError:
             raise TlsConfigError(f"{PEM_FLAGS[field]}: {path!r} is not PEM text") from None
     tls = TlsSettings(texts["server_key"], texts["server_cert"], texts["custom_ca"], client_verify,
@@ -98,31 +105,45 @@ def check(tls: TlsSettings, names: dict[str, str] | None = None) -> None:
             f"client_verify is true but {name['custom_ca']} is empty: client certificates must chain to it"
         )
     try:
-        folder = tempfile.TemporaryDirectory(prefix="servex-tls-")  # the ssl module loads keys from files only
-    except OSError:  # no writable temporary folder: gRPC checks the pair when it binds (less clearly)
+        _load_pair(tls.server_cert, tls.server_key)
+    except ssl.SSLError as e:
+        if "KEY_VALUES_MISMATCH" in str(e):
+            raise TlsConfigError(
+                f"{name['server_key']} is not the private key of {name['server_cert']}'s first certificate"
+            ) from None
+        raise TlsConfigError(f"{name['server_key']} is not a PEM private key ({e.reason or e})") from None
+
+
+def _load_pair(cert: str, key: str) -> None:
+    """Load the pair as a TLS server would (ssl.SSLError when it cannot serve). The ssl module reads keys from
+    files only: these are anonymous memory files (memfd), so the key never reaches a disk. Where there are none,
+    nothing is checked here: gRPC refuses a bad pair when it binds, less clearly."""
+    try:
+        files = [os.memfd_create("servex-tls-cert"), os.memfd_create("servex-tls-key")]
+    except (AttributeError, OSError):
         return
-    with folder:
-        cert_file, key_file = os.path.join(folder.name, "cert.pem"), os.path.join(folder.name, "key.pem")
-        for file, text in ((cert_file, tls.server_cert), (key_file, tls.server_key)):
-            with open(os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w", encoding="utf-8") as f:
+    try:
+        for fd, text in zip(files, (cert, key), strict=True):
+            with os.fdopen(os.dup(fd), "w", encoding="utf-8") as f:
                 f.write(text)
-        try:
-            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert_file, key_file, password=_no_password)
-        except ssl.SSLError as e:
-            if "KEY_VALUES_MISMATCH" in str(e):
-                raise TlsConfigError(
-                    f"{name['server_key']} is not the private key of {name['server_cert']}'s first certificate"
-                ) from None
-            raise TlsConfigError(f"{name['server_key']} is not a PEM private key ({e.reason or e})") from None
+        paths = [f"/proc/self/fd/{fd}" for fd in files]
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(*paths, password=_no_password)
+    finally:
+        for fd in files:
+            os.close(fd)
+
+
+PEM_CERTIFICATE = re.compile(r"-----BEGIN CERTIFICATE-----[^-]*-----END CERTIFICATE-----")
 
 
 def _certificates(field: str, text: str) -> None:
-    if "-----BEGIN CERTIFICATE-----" not in text:
+    blocks = PEM_CERTIFICATE.findall(text)  # text around them (a bundle's comments, in any script) is not checked
+    if not blocks:
         raise TlsConfigError(f"{field} holds no PEM certificate (-----BEGIN CERTIFICATE-----)")
     try:
-        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cadata=text)
-    except ssl.SSLError as e:
-        raise TlsConfigError(f"{field} is not PEM certificates ({e.reason or e})") from None
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cadata="\n".join(blocks))
+    except (ssl.SSLError, ValueError, TypeError) as e:  # TypeError: a non-ASCII character inside a block
+        raise TlsConfigError(f"{field} is not PEM certificates ({getattr(e, 'reason', None) or e})") from None
 
 
 def _no_password() -> bytes:
@@ -139,6 +160,8 @@ class Certificates:
         self._configuration = _configuration(tls)
         self._generation = 0  # bumped at each certificate change
         self._stamp = _stamps(tls.sources)
+        self._retry_at = 0.0  # after a failed read, the files are read again from then on
+        self._reported = None  # the files' state whose failure to read was logged
         self._lock = threading.Lock()
 
     def credentials(self):
@@ -151,40 +174,64 @@ class Certificates:
                 root_certificates=self.tls.custom_ca.encode() if self.tls.custom_ca.strip() else None,
                 require_client_auth=self.tls.client_verify,
             )
+        return grpc.dynamic_ssl_server_credentials(self._configuration, self.fetcher(), self.tls.client_verify)
+
+    def fetcher(self):
+        """What gRPC calls, on one of its threads, before each TLS handshake of one listener: the certificate
+        configuration that listener should change to, or None to keep its own. It never raises."""
         served = [self._generation]
 
-        def fetch():  # gRPC calls it, on one of its threads, before each TLS handshake of this listener
-            self._follow_file()
+        def fetch():
+            try:
+                self._follow_files()
+            except Exception:  # noqa: BLE001  (an exception here would fail the client's handshake, not servex)
+                log.exception("TLS: checking %s failed: keeping the certificate in use", self._files())
+                self._retry_at = time.monotonic() + RETRY_S
             if served[0] == self._generation:
                 return None
             served[0] = self._generation
             return self._configuration
 
-        return grpc.dynamic_ssl_server_credentials(self._configuration, fetch, self.tls.client_verify)
+        return fetch
 
-    def _follow_file(self) -> None:
+    def _files(self) -> str:
+        return ", ".join(p for p in self.tls.sources if p)
+
+    def _follow_files(self) -> None:
         stamp = _stamps(self.tls.sources)
-        if stamp == self._stamp:
+        if stamp == self._stamp or time.monotonic() < self._retry_at:
             return
         with self._lock:
-            if stamp == self._stamp:
+            if stamp == self._stamp or time.monotonic() < self._retry_at:
                 return
-            self._stamp = stamp
-            files = ", ".join(p for p in self.tls.sources if p)
             try:
                 tls = _reread(self.tls)
-            except TlsConfigError as e:
-                log.error("TLS: %s changed and cannot serve: keeping the certificate in use: %s", files, e)
+            except TlsReadError as e:  # maybe for a moment (a file being replaced): tried again after RETRY_S
+                self._retry_at = time.monotonic() + RETRY_S
+                self._report(stamp, "TLS: %s changed and cannot be read now: keeping the certificate in use, "
+                             "trying again: %s", self._files(), e)  # fmt: skip
                 return
+            except TlsConfigError as e:  # these contents cannot serve: the next change is looked at
+                self._stamp = stamp
+                log.error("TLS: %s changed and cannot serve: keeping the certificate in use: %s", self._files(), e)
+                return
+            self._stamp = stamp
             if tls.client_verify != self.tls.client_verify:
                 log.error("TLS: %s changed client_verify to %s: keeping the certificate in use (client_verify "
-                          "is fixed while servex runs: restart to change it)", files, tls.client_verify)  # fmt: skip
+                          "is fixed while servex runs: restart to change it)", self._files(),
+                          tls.client_verify)  # fmt: skip
                 return
             if tls == self.tls:
                 return  # touched, not changed
             self.tls, self._configuration = tls, _configuration(tls)
             self._generation += 1
-        log.info("TLS: %s changed: new connections get its certificate", files)
+        log.info("TLS: %s changed: new connections get its certificate", self._files())
+
+    def _report(self, stamp, message: str, *args) -> None:
+        """Log a failure once per state of the files, not at every retry."""
+        if stamp != self._reported:
+            self._reported = stamp
+            log.error(message, *args)
 
 
 def _reread(tls: TlsSettings) -> TlsSettings:

@@ -7,6 +7,7 @@ tests/certificates.py."""
 from __future__ import annotations
 
 import os
+import ssl
 import subprocess
 import sys
 import time
@@ -209,36 +210,48 @@ def fresh_channel(address: str, ca: str, options=()):
                                (("grpc.use_local_subchannel_pool", 1), *options))  # fmt: skip
 
 
+def served_certificate(port: int) -> bytes:
+    """The certificate servex presents now, on a new connection (DER)."""
+    return ssl.PEM_cert_to_DER_cert(ssl.get_server_certificate(("127.0.0.1", port), timeout=10))
+
+
+def der(pem: str) -> bytes:
+    return ssl.PEM_cert_to_DER_cert(pem)
+
+
 def test_a_rotated_certificate_serves_new_connections_without_a_restart(start_daemon, tmp_path_factory):
     old, new = Authority("old CA"), Authority("new CA")
-    daemon = start(start_daemon, tmp_path_factory, ssl_config(old.server()),
+    old_server, new_server = old.server(), new.server()
+    daemon = start(start_daemon, tmp_path_factory, ssl_config(old_server),
                    grpc.ssl_channel_credentials(old.cert.encode()))  # fmt: skip
     config = _config_path(daemon)
     assert predict(daemon.channel) == [2.5, 3.0, 4.5]  # a connection made under the old certificate
-    config.write_text(ssl_config(new.server()))
+    assert served_certificate(daemon.port) == der(old_server.cert)
+    config.write_text(ssl_config(new_server))
     with fresh_channel(daemon.address, new.cert) as channel:
         assert predict(channel, (2.0,)) == [3.0]
     wait_for_log(daemon, f"TLS: {config} changed: new connections get its certificate")
     assert refused(fresh_channel(daemon.address, old.cert)).code() == grpc.StatusCode.UNAVAILABLE
     assert predict(daemon.channel, (4.0,)) == [4.0]  # the open connection keeps its session
-    for listener in range(8):  # every listener serves the new certificate (connections spread over them)
-        with fresh_channel(daemon.address, new.cert) as channel:
-            assert predict(channel, (float(listener),)) == [listener / 2 + 2], listener
+    for attempt in range(8):  # new connections, spread by the kernel over the listeners
+        assert served_certificate(daemon.port) == der(new_server.cert), attempt
 
 
 def test_a_changed_file_that_cannot_serve_keeps_the_certificate_in_use(start_daemon, tmp_path_factory, authority):
-    daemon = start(start_daemon, tmp_path_factory, ssl_config(authority.server()),
+    server = authority.server()
+    daemon = start(start_daemon, tmp_path_factory, ssl_config(server),
                    grpc.ssl_channel_credentials(authority.cert.encode()))  # fmt: skip
     config = _config_path(daemon)
     config.write_text(ssl_config(Pem(Authority().server().key, authority.server().cert)))
-    with fresh_channel(daemon.address, authority.cert) as channel:
-        assert predict(channel, (0.0,)) == [2.0]
+    assert served_certificate(daemon.port) == der(server.cert)  # not the new file's certificate
     wait_for_log(daemon, f"TLS: {config} changed and cannot serve: keeping the certificate in use: {str(config)!r}: "
                          "server_key is not the private key")  # fmt: skip
-    config.write_text(ssl_config(authority.server(), authority.cert, client_verify=True))
+    other = authority.server()
+    config.write_text(ssl_config(other, authority.cert, client_verify=True))
     with fresh_channel(daemon.address, authority.cert) as channel:
         assert predict(channel, (0.0,)) == [2.0]  # still no client certificate asked for
     wait_for_log(daemon, "changed client_verify to True: keeping the certificate in use")
+    assert served_certificate(daemon.port) == der(server.cert)
     assert daemon.proc.poll() is None
 
 
@@ -274,9 +287,12 @@ def test_pem_files_of_a_kubernetes_secret_serve_mutual_tls_and_rotate(start_daem
     with grpc.secure_channel(daemon.address, renewed, (("grpc.use_local_subchannel_pool", 1),)) as channel:
         assert predict(channel, (2.0,)) == [3.0]
     wait_for_log(daemon, "changed: new connections get its certificate")
-    # a client of the old CA is now turned away (servex's certificate is the new CA's, and custom_ca no longer
-    # signs the client's)
+    # a client of the old CA is now turned away: servex's certificate is the new CA's
     stale = grpc.secure_channel(daemon.address, credentials, (("grpc.use_local_subchannel_pool", 1),))
+    assert refused(stale).code() == grpc.StatusCode.UNAVAILABLE
+    # and so is the old client certificate, trusting the new server: custom_ca is the new CA now
+    mixed = grpc.ssl_channel_credentials(new.cert.encode(), client.key.encode(), client.cert.encode())
+    stale = grpc.secure_channel(daemon.address, mixed, (("grpc.use_local_subchannel_pool", 1),))
     assert refused(stale).code() == grpc.StatusCode.UNAVAILABLE
 
 

@@ -3,12 +3,14 @@ with the field at fault named (gRPC itself would only fail to bind)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from cryptography.hazmat.primitives import serialization
 
 from server.settings import TlsSettings
-from server.tls import TlsConfigError, check, read_pem_files, read_ssl_config
-from tests.certificates import Authority, ssl_config
+from server.tls import Certificates, TlsConfigError, check, read_pem_files, read_ssl_config
+from tests.certificates import Authority, Pem, ssl_config
 
 
 @pytest.fixture(scope="module")
@@ -99,14 +101,40 @@ def test_a_chain_with_its_intermediate_and_a_ca_bundle_are_taken(authority):
     check(TlsSettings(server.key, server.cert + authority.cert, authority.cert + other.cert, True))
 
 
-def test_without_a_writable_temporary_folder_the_pair_is_left_to_grpc(authority, monkeypatch, tmp_path):
-    import tempfile
-
+def test_without_memory_files_the_pair_is_left_to_grpc(authority, monkeypatch):
     server, other = authority.server(), authority.server()
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "missing"))
+    monkeypatch.delattr(os, "memfd_create")
     check(TlsSettings(other.key, server.cert))  # no crash: gRPC refuses the pair when it binds
     with pytest.raises(TlsConfigError, match="server_key is empty"):
         check(TlsSettings("", server.cert))  # the checks that need no file still run
+
+
+def test_the_key_never_reaches_a_file(authority, monkeypatch):
+    import tempfile
+
+    def no_files(*args, **kwargs):
+        raise AssertionError("the private key went to a file")
+
+    for maker in ("mkdtemp", "mkstemp", "NamedTemporaryFile", "TemporaryDirectory"):
+        monkeypatch.setattr(tempfile, maker, no_files)
+    server = authority.server()
+    with pytest.raises(TlsConfigError, match="is not the private key"):  # the pair is checked all the same
+        check(TlsSettings(authority.server().key, server.cert))
+    check(TlsSettings(server.key, server.cert))
+
+
+def test_a_bundle_with_comments_in_any_script_is_taken(authority):
+    server = authority.server()
+    bundle = f"# Főtanúsítvány, 根证书\n{authority.cert}# 另一个\n{Authority().cert}"
+    check(TlsSettings(server.key, server.cert, bundle, True))
+    broken = authority.cert.replace("MII", "MIIé", 1)
+    with pytest.raises(TlsConfigError, match="custom_ca is not PEM certificates"):
+        check(TlsSettings(server.key, server.cert, broken, True))
+
+
+def test_the_key_is_left_out_of_the_settings_repr(authority):
+    server = authority.server()
+    assert server.key not in repr(TlsSettings(server.key, server.cert))
 
 
 def write_pem(folder, pem, ca: str = "") -> tuple[str, str, str]:
@@ -149,3 +177,75 @@ def test_pem_files_that_cannot_serve_name_the_flag_and_the_file(tmp_path, author
     with pytest.raises(TlsConfigError) as info:
         read_pem_files(cert, str(tmp_path / "empty.key"))
     assert str(info.value).endswith("empty.key') is empty")
+
+
+class TestRotation:
+    """Certificates.fetcher(), as gRPC calls it before each TLS handshake of a listener."""
+
+    @pytest.fixture
+    def files(self, tmp_path, authority):
+        path = tmp_path / "ssl.config"
+        path.write_text(ssl_config(authority.server()))
+        return path
+
+    @staticmethod
+    def rewrite(path, text: str) -> None:
+        before = path.stat().st_mtime_ns
+        path.write_text(text)
+        os.utime(path, ns=(before + 10**9, before + 10**9))  # a later time, whatever the clock's tick
+
+    def test_each_listener_changes_once_to_the_new_certificate(self, files, authority):
+        certificates = Certificates(read_ssl_config(str(files)))
+        listeners = [certificates.fetcher() for _ in range(3)]
+        assert [fetch() for fetch in listeners] == [None, None, None]  # nothing changed
+        new = authority.server()
+        self.rewrite(files, ssl_config(new))
+        changed = [fetch() for fetch in listeners]
+        assert all(c is not None for c in changed) and certificates.tls.server_cert == new.cert
+        assert [fetch() for fetch in listeners] == [None, None, None]  # each changed once
+        late = certificates.fetcher()  # a listener bound after the change starts with it
+        assert late() is None
+
+    def test_a_file_touched_but_not_changed_changes_nothing(self, files):
+        certificates = Certificates(read_ssl_config(str(files)))
+        fetch = certificates.fetcher()
+        self.rewrite(files, files.read_text())
+        assert fetch() is None
+
+    def test_contents_that_cannot_serve_are_skipped_until_the_next_change(self, files, authority, caplog):
+        certificates = Certificates(read_ssl_config(str(files)))
+        fetch, before = certificates.fetcher(), certificates.tls
+        self.rewrite(files, ssl_config(Pem(authority.server().key, authority.server().cert)))
+        assert fetch() is None and certificates.tls is before
+        assert "changed and cannot serve: keeping the certificate in use" in caplog.text
+        self.rewrite(files, ssl_config(authority.server(), authority.cert, client_verify=True))
+        assert fetch() is None and certificates.tls is before
+        assert "changed client_verify to True" in caplog.text
+        good = authority.server()
+        self.rewrite(files, ssl_config(good))
+        assert fetch() is not None and certificates.tls.server_cert == good.cert
+
+    def test_a_file_that_cannot_be_read_for_a_moment_is_read_again(self, files, authority, monkeypatch, caplog):
+        monkeypatch.setattr("server.tls.RETRY_S", 0.0)
+        certificates = Certificates(read_ssl_config(str(files)))
+        fetch = certificates.fetcher()
+        text = files.read_text()
+        files.unlink()  # a Secret being replaced, say
+        assert fetch() is None and fetch() is None
+        assert caplog.text.count("cannot be read now") == 1  # logged once, not at every retry
+        new = authority.server()
+        files.write_text(ssl_config(new))
+        assert fetch() is not None and certificates.tls.server_cert == new.cert
+        assert text != files.read_text()
+
+    def test_an_unexpected_failure_keeps_the_certificate_and_never_reaches_grpc(self, files, monkeypatch, caplog):
+        certificates = Certificates(read_ssl_config(str(files)))
+        fetch = certificates.fetcher()
+
+        def broken(tls):
+            raise RuntimeError("disk on fire")
+
+        monkeypatch.setattr("server.tls._reread", broken)
+        self.rewrite(files, files.read_text() + "\n")
+        assert fetch() is None
+        assert "TLS: checking" in caplog.text and "disk on fire" in caplog.text
