@@ -11,7 +11,7 @@ import logging
 import os
 
 import prometheus_client
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import HistogramMetricFamily, Metric
 
 from executor.statistics import statistics
@@ -52,6 +52,22 @@ REQUEST_LATENCY = Histogram(
     LABELS,
     buckets=LATENCY_BUCKETS,
 )
+
+# TLS of the gRPC ports (server/tls.py), labelled by the file the certificate comes from (--ssl_config_file or
+# --ssl_server_cert_file); no series without TLS.
+TLS_NOT_AFTER = Gauge(
+    "servex_tls_certificate_expiry_timestamp_seconds",
+    "When the server certificate new TLS connections get expires (its notAfter, Unix time)",
+    ["file"],
+    multiprocess_mode="livemin",
+)
+TLS_RELOADS = Counter(
+    "servex_tls_certificate_reloads",
+    "Changes of the TLS files seen: rotated (new connections get the new certificate), refused (cannot serve: "
+    "the certificate in use kept), unreadable (read again a second later)",
+    ["file", "outcome"],
+)
+TLS_OUTCOMES = ("rotated", "refused", "unreadable")
 
 # How late the event loop runs a timer, sampled twice a second: long values mean the loop thread was held (a long
 # callback, a garbage collection). Calls queued in gRPC core under load do not show here: the loop takes gRPC's

@@ -16,6 +16,7 @@ CA, while open ones keep theirs. Files that cannot serve are logged and the cert
 
 from __future__ import annotations
 
+import datetime
 import logging
 import os
 import re
@@ -150,6 +151,49 @@ def _no_password() -> bytes:
     raise TlsConfigError("the private key is encrypted: gRPC takes an unencrypted PEM private key")
 
 
+def not_after(cert_pem: str) -> float | None:
+    """When the first certificate of a PEM chain expires (its notAfter, Unix time); None where it cannot be read.
+
+    The ssl module decodes no certificate given as text, so this walks the DER far enough to reach the date
+    (RFC 5280: Certificate > tbsCertificate > [version], serialNumber, signature, issuer, validity > notAfter)."""
+    blocks = PEM_CERTIFICATE.findall(cert_pem)
+    try:
+        der = ssl.PEM_cert_to_DER_cert(blocks[0])
+        _, start, end = _tlv(der, 0)  # Certificate
+        _, start, end = _tlv(der, start)  # tbsCertificate
+        fields = [element for element in _elements(der, start, end) if element[0] != 0xA0]  # [0] version: optional
+        _, start, end = fields[3]  # validity
+        tag, start, end = list(_elements(der, start, end))[1]  # notAfter
+        text = der[start:end].decode("ascii")
+        if tag == 0x17:  # UTCTime, YYMMDDHHMMSSZ: years 1950-2049
+            year = int(text[:2])
+            text = f"{year + (1900 if year >= 50 else 2000)}{text[2:]}"
+        elif tag != 0x18:  # GeneralizedTime, YYYYMMDDHHMMSSZ
+            return None
+        when = datetime.datetime.strptime(text, "%Y%m%d%H%M%SZ").replace(tzinfo=datetime.UTC)
+    except (IndexError, ValueError, UnicodeDecodeError):
+        return None
+    return when.timestamp()
+
+
+def _tlv(der: bytes, at: int) -> tuple[int, int, int]:
+    """The tag of the DER element at ``at``, and where its value starts and ends."""
+    tag, length, at = der[at], der[at + 1], at + 2
+    if length & 0x80:  # long form: the next (length & 0x7F) bytes are the length
+        size = length & 0x7F
+        length, at = int.from_bytes(der[at : at + size], "big"), at + size
+    if at + length > len(der):
+        raise ValueError("truncated DER")
+    return tag, at, at + length
+
+
+def _elements(der: bytes, start: int, end: int):
+    while start < end:
+        element = _tlv(der, start)
+        yield element
+        start = element[2]
+
+
 class Certificates:
     """The gRPC server credentials of ``tls``: TensorFlow Serving's, a client certificate required and verified
     against custom_ca when client_verify is set. Where ``tls`` was read from files (``sources``), the credentials
@@ -163,6 +207,14 @@ class Certificates:
         self._retry_at = 0.0  # after a failed read, the files are read again from then on
         self._reported = None  # the files' state whose failure to read was logged
         self._lock = threading.Lock()
+        # the metrics (not imported at module level: server/cli.py reads TLS files before TensorFlow is imported,
+        # and server/metrics.py imports it), labelled by the certificate's file
+        from server.metrics import TLS_NOT_AFTER, TLS_OUTCOMES, TLS_RELOADS
+
+        file = tls.sources[0] if tls.sources else ""
+        self._not_after = TLS_NOT_AFTER.labels(file)
+        self._reloads = {outcome: TLS_RELOADS.labels(file, outcome) for outcome in TLS_OUTCOMES}
+        self._expiry()
 
     def credentials(self):
         """Server credentials for one listener (each keeps which certificate it serves)."""
@@ -208,15 +260,18 @@ class Certificates:
                 tls = _reread(self.tls)
             except TlsReadError as e:  # maybe for a moment (a file being replaced): tried again after RETRY_S
                 self._retry_at = time.monotonic() + RETRY_S
+                self._reloads["unreadable"].inc()
                 self._report(stamp, "TLS: %s changed and cannot be read now: keeping the certificate in use, "
                              "trying again: %s", self._files(), e)  # fmt: skip
                 return
             except TlsConfigError as e:  # these contents cannot serve: the next change is looked at
                 self._stamp = stamp
+                self._reloads["refused"].inc()
                 log.error("TLS: %s changed and cannot serve: keeping the certificate in use: %s", self._files(), e)
                 return
             self._stamp = stamp
             if tls.client_verify != self.tls.client_verify:
+                self._reloads["refused"].inc()
                 log.error("TLS: %s changed client_verify to %s: keeping the certificate in use (client_verify "
                           "is fixed while servex runs: restart to change it)", self._files(),
                           tls.client_verify)  # fmt: skip
@@ -225,7 +280,14 @@ class Certificates:
                 return  # touched, not changed
             self.tls, self._configuration = tls, _configuration(tls)
             self._generation += 1
+            self._reloads["rotated"].inc()
+            self._expiry()
         log.info("TLS: %s changed: new connections get its certificate", self._files())
+
+    def _expiry(self) -> None:
+        expires = not_after(self.tls.server_cert)
+        if expires is not None:
+            self._not_after.set(expires)
 
     def _report(self, stamp, message: str, *args) -> None:
         """Log a failure once per state of the files, not at every retry."""

@@ -29,7 +29,7 @@ def _key_pem(key) -> str:
     ).decode()
 
 
-def _builder(subject: str, issuer: x509.Name, public_key) -> x509.CertificateBuilder:
+def _builder(subject: str, issuer: x509.Name, public_key, not_after=None) -> x509.CertificateBuilder:
     now = datetime.datetime.now(datetime.UTC)
     return (
         x509.CertificateBuilder()
@@ -38,7 +38,7 @@ def _builder(subject: str, issuer: x509.Name, public_key) -> x509.CertificateBui
         .public_key(public_key)
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=2))
+        .not_valid_after(not_after or now + datetime.timedelta(days=2))
     )
 
 
@@ -55,10 +55,10 @@ class Authority:
         )
         self.cert = self._cert.public_bytes(serialization.Encoding.PEM).decode()
 
-    def _leaf(self, subject: str, usage, names: list[x509.GeneralName]) -> Pem:
+    def _leaf(self, subject: str, usage, names: list[x509.GeneralName], not_after=None) -> Pem:
         key = _key()
         builder = (
-            _builder(subject, self.name, key.public_key())
+            _builder(subject, self.name, key.public_key(), not_after)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
         )
@@ -67,10 +67,10 @@ class Authority:
         cert = builder.sign(self._key, hashes.SHA256())
         return Pem(_key_pem(key), cert.public_bytes(serialization.Encoding.PEM).decode())
 
-    def server(self) -> Pem:
-        """A server certificate for localhost and 127.0.0.1."""
+    def server(self, not_after: datetime.datetime | None = None) -> Pem:
+        """A server certificate for localhost and 127.0.0.1, valid for two days or until ``not_after``."""
         names = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-        return self._leaf("localhost", ExtendedKeyUsageOID.SERVER_AUTH, names)
+        return self._leaf("localhost", ExtendedKeyUsageOID.SERVER_AUTH, names, not_after)
 
     def client(self, subject: str = "servex test client") -> Pem:
         return self._leaf(subject, ExtendedKeyUsageOID.CLIENT_AUTH, [])

@@ -5,6 +5,7 @@ metric the dashboard, the rules and deploy/README.md's table name exists in serv
 
 from __future__ import annotations
 
+import datetime
 import json
 import re
 import shutil
@@ -13,6 +14,7 @@ import time
 import urllib.parse
 import urllib.request
 
+import grpc
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -20,6 +22,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
+from tests.certificates import Authority, ssl_config
 from tests.conftest import HALF_PLUS_TWO_TF2
 from tests.deploy.conftest import DASHBOARD, DEPLOY, KUBERNETES, RULES, RULES_TEST
 from tests.integration.daemon import Daemon, free_port, metric, terminate
@@ -109,14 +112,21 @@ def model_base(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory, model_base):
+    """servex serving gRPC over TLS (so that its TLS metrics have series) with its metrics in plaintext."""
+    folder = tmp_path_factory.mktemp("servex")
+    authority = Authority()
+    a_year = datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=365)  # far from the expiry alert
+    (folder / "ssl.config").write_text(ssl_config(authority.server(not_after=a_year)))
     d = Daemon(
         [
             f"--model_name={MODEL}",
             f"--model_base_path={model_base}",
             "--file_system_poll_wait_seconds=0.5",
             "--max_num_load_retries=0",
+            f"--ssl_config_file={folder / 'ssl.config'}",
         ],  # fmt: skip
-        tmp_path_factory.mktemp("servex"),
+        folder,
+        credentials=grpc.ssl_channel_credentials(authority.cert.encode()),
     ).wait_serving()
     predict(d, 1)  # the first call builds the client graph and restores variables: slow, and before any scrape
     yield d

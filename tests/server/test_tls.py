@@ -9,7 +9,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 
 from server.settings import TlsSettings
-from server.tls import Certificates, TlsConfigError, check, read_pem_files, read_ssl_config
+from server.tls import Certificates, TlsConfigError, check, not_after, read_pem_files, read_ssl_config
 from tests.certificates import Authority, Pem, ssl_config
 
 
@@ -249,3 +249,43 @@ class TestRotation:
         self.rewrite(files, files.read_text() + "\n")
         assert fetch() is None
         assert "TLS: checking" in caplog.text and "disk on fire" in caplog.text
+
+
+def test_not_after_reads_the_expiry_of_the_chain_s_first_certificate(authority):
+    import datetime
+
+    soon = datetime.datetime(2031, 5, 17, 8, 30, 5, tzinfo=datetime.UTC)  # UTCTime in the DER
+    late = datetime.datetime(2061, 1, 2, 3, 4, 5, tzinfo=datetime.UTC)  # GeneralizedTime (2050 and after)
+    first, second = authority.server(not_after=soon), authority.server(not_after=late)
+    assert not_after(first.cert) == soon.timestamp()
+    assert not_after(second.cert) == late.timestamp()
+    assert not_after(first.cert + second.cert) == soon.timestamp()
+    assert not_after("no certificate") is None
+    assert not_after("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----") is None
+
+
+def test_rotation_is_counted_and_the_expiry_follows(tmp_path, authority):
+    import datetime
+
+    from prometheus_client import REGISTRY
+
+    path = tmp_path / "ssl.config"
+    first = datetime.datetime(2030, 1, 1, tzinfo=datetime.UTC)
+    path.write_text(ssl_config(authority.server(not_after=first)))
+    certificates = Certificates(read_ssl_config(str(path)))
+    labels = {"file": str(path)}
+
+    def sample(name, **more):
+        return REGISTRY.get_sample_value(name, {**labels, **more})
+
+    assert sample("servex_tls_certificate_expiry_timestamp_seconds") == first.timestamp()
+    assert [sample("servex_tls_certificate_reloads_total", outcome=o) for o in ("rotated", "refused")] == [0, 0]
+    fetch = certificates.fetcher()
+    second = datetime.datetime(2031, 1, 1, tzinfo=datetime.UTC)
+    TestRotation.rewrite(path, ssl_config(authority.server(not_after=second)))
+    assert fetch() is not None
+    assert sample("servex_tls_certificate_expiry_timestamp_seconds") == second.timestamp()
+    TestRotation.rewrite(path, ssl_config(Pem(authority.server().key, authority.server().cert)))
+    assert fetch() is None
+    assert [sample("servex_tls_certificate_reloads_total", outcome=o) for o in ("rotated", "refused")] == [1, 1]
+    assert sample("servex_tls_certificate_expiry_timestamp_seconds") == second.timestamp()
