@@ -96,7 +96,8 @@ def test_dashboard_shape():
     for topic in ("servex_requests_total", "servex_request_latency_seconds_bucket", "servex_queue_wait_seconds",
                   "servex_run_seconds", "servex_batch_size", "servex_client_graph_cache_hits_total",
                   "servex_variable_restore_seconds", "servex_restored_variable_bytes",
-                  "servex_h2d_transfer_seconds"):  # fmt: skip
+                  "servex_h2d_transfer_seconds", "servex_tls_certificate_expiry_timestamp_seconds",
+                  "servex_tls_certificate_reloads_total"):  # fmt: skip
         assert topic in text, topic
 
 
