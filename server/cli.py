@@ -283,7 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
         default="",
         help="TensorFlow Serving's SSLConfig in text format (server_key, server_cert, custom_ca, client_verify: PEM "
         "text): TLS on the gRPC port and the admin port, client certificates required and checked against "
-        "custom_ca with client_verify: true; REST stays plaintext, as in TensorFlow Serving",
+        "custom_ca with client_verify: true; REST stays plaintext, as in TensorFlow Serving. Re-read when it "
+        "changes: new connections get the new certificate",
     )
     p.add_argument(
         "--ssl_server_cert_file",
