@@ -525,6 +525,9 @@ def main(argv: list[str] | None = None) -> None:
     for note in notes:
         logging.getLogger("servex").warning("%s", note)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # gRPC core's own log at ERROR and above (read when grpc is first imported, after this): at INFO it writes a
+    # line per failed TLS handshake, so any client could fill the log (40,449 lines in a 10-minute soak).
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     if settings.serving_processes > 1:
         from server.supervisor import supervise  # no TensorFlow in the supervisor
 
