@@ -307,7 +307,13 @@ class Traffic:
 
     # -- TLS handshakes servex turns away (--tls), each on a connection of its own -------------------------------
 
-    def refused(self, channel) -> str:
+    def refused(self, credentials=None) -> str:
+        """One Predict on a new connection (plaintext without ``credentials``), which servex must turn away."""
+        options = [("grpc.use_local_subchannel_pool", 1)]
+        if credentials is None:
+            channel = grpc.insecure_channel(self.address, options)
+        else:
+            channel = grpc.secure_channel(self.address, credentials, options)
         try:
             return self.grpc_call(prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict,
                                   predict("mlp", "x", self.row), grpc.StatusCode.UNAVAILABLE, timeout=10)  # fmt: skip
@@ -315,15 +321,13 @@ class Traffic:
             channel.close()
 
     def tls_plaintext(self):
-        return self.refused(grpc.insecure_channel(self.address, options=[("grpc.use_local_subchannel_pool", 1)]))
+        return self.refused()
 
     def tls_unknown_ca(self):
-        credentials = grpc.ssl_channel_credentials(self.tls.stranger.cert.encode())
-        return self.refused(grpc.secure_channel(self.address, credentials, [("grpc.use_local_subchannel_pool", 1)]))
+        return self.refused(grpc.ssl_channel_credentials(self.tls.stranger.cert.encode()))
 
     def tls_no_client_cert(self):
-        credentials = grpc.ssl_channel_credentials(self.tls.authority.cert.encode())
-        return self.refused(grpc.secure_channel(self.address, credentials, [("grpc.use_local_subchannel_pool", 1)]))
+        return self.refused(grpc.ssl_channel_credentials(self.tls.authority.cert.encode()))
 
     def calls(self):
         handshakes = []

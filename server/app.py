@@ -431,7 +431,7 @@ class _Ports:
         self.admin = None
         self.rest = None
         self.opened = False
-        # TLS of the gRPC ports (--ssl_config_file): one per process, following the file for rotation
+        # TLS of the gRPC ports (--ssl_config_file or the PEM file flags): one per process, following the files
         self.certificates = tls.Certificates(settings.grpc_tls) if settings.grpc_tls else None
 
     async def open(self) -> bool:

@@ -217,15 +217,10 @@ class Certificates:
         self._expiry()
 
     def credentials(self):
-        """Server credentials for one listener (each keeps which certificate it serves)."""
+        """Server credentials for one listener (each keeps which certificate it serves). Settings read from no file
+        (``sources`` empty) never change: their fetcher always keeps the certificate."""
         import grpc
 
-        if not self.tls.sources:
-            return grpc.ssl_server_credentials(
-                [(self.tls.server_key.encode(), self.tls.server_cert.encode())],
-                root_certificates=self.tls.custom_ca.encode() if self.tls.custom_ca.strip() else None,
-                require_client_auth=self.tls.client_verify,
-            )
         return grpc.dynamic_ssl_server_credentials(self._configuration, self.fetcher(), self.tls.client_verify)
 
     def fetcher(self):

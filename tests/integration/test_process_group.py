@@ -65,6 +65,14 @@ def _established_on(pid: int, port: int) -> int:
     return count
 
 
+def _wait_both_ready(daemon: Daemon, timeout: float = 120) -> None:
+    """Until both serving processes have logged 'servex ready' (the group's health turns SERVING with the first)."""
+    deadline = time.monotonic() + timeout
+    while daemon.log().count("servex ready") < 2:
+        assert time.monotonic() < deadline and daemon.proc.poll() is None, daemon.log()
+        time.sleep(0.1)
+
+
 def _predict(channel, x: list[float]) -> list[float]:
     request = predict_pb2.PredictRequest()
     request.model_spec.name = "half"
@@ -94,10 +102,7 @@ def group(tmp_path_factory):
 def test_both_processes_serve_the_port_and_metrics_add_up(group):
     children = _children(group.proc.pid)
     assert len(children) == 2
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and group.log().count("servex ready") < 2:
-        time.sleep(0.2)  # until both processes serve
-    assert group.log().count("servex ready") == 2, group.log()
+    _wait_both_ready(group)
     channels = [
         grpc.insecure_channel(group.address, options=[("grpc.use_local_subchannel_pool", 1)])
         for _ in range(CONNECTIONS)
@@ -116,9 +121,7 @@ def test_both_processes_serve_the_port_and_metrics_add_up(group):
 def test_the_first_process_serves_the_unix_socket(group):
     with grpc.insecure_channel(f"unix:{group.socket_path}") as channel:
         assert _predict(channel, [4.0]) == [4.0]
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and group.log().count("servex ready") < 2:
-        time.sleep(0.2)
+    _wait_both_ready(group)
     bound = [line for line in group.log().splitlines() if "gRPC on " in line]
     assert len(bound) == 2 and sum(f"and unix:{group.socket_path}" in line for line in bound) == 1, bound
 
@@ -167,10 +170,7 @@ def test_the_admin_api_needs_a_single_process():
 def test_sigterm_drains_every_process(tmp_path):
     daemon = Daemon([f"--model_base_path={HALF_PLUS_TWO_TF1}", "--model_name=half", "--serving_processes=2"], tmp_path)
     daemon.wait_serving()  # one process serves: the other may still be starting, and would stop without serving
-    deadline = time.monotonic() + 120
-    while daemon.log().count("servex ready") < 2:
-        assert time.monotonic() < deadline and daemon.proc.poll() is None, daemon.log()
-        time.sleep(0.1)
+    _wait_both_ready(daemon)
     children = _children(daemon.proc.pid)
     assert _predict(daemon.channel, [2.0]) == [3.0]
     daemon.proc.send_signal(signal.SIGTERM)

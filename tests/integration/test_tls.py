@@ -205,10 +205,11 @@ def wait_for_log(daemon, text: str, timeout: float = 10) -> None:
         time.sleep(0.05)
 
 
-def fresh_channel(address: str, ca: str, options=()):
-    """A channel on a connection of its own (a new TLS handshake)."""
-    return grpc.secure_channel(address, grpc.ssl_channel_credentials(ca.encode()),
-                               (("grpc.use_local_subchannel_pool", 1), *options))  # fmt: skip
+def fresh_channel(address: str, ca: str, key: str | None = None, cert: str | None = None):
+    """A channel on a connection of its own (a new TLS handshake), trusting ``ca``, with a client certificate
+    where ``key`` and ``cert`` are given."""
+    credentials = grpc.ssl_channel_credentials(ca.encode(), key and key.encode(), cert and cert.encode())
+    return grpc.secure_channel(address, credentials, (("grpc.use_local_subchannel_pool", 1),))
 
 
 def served_certificate(port: int) -> bytes:
@@ -284,17 +285,17 @@ def test_pem_files_of_a_kubernetes_secret_serve_mutual_tls_and_rotate(start_daem
     assert refused(grpc.secure_channel(daemon.address, no_client_cert)).code() == grpc.StatusCode.UNAVAILABLE
     secret_volume(folder, "v2", new.server(), new.cert)  # cert-manager renewed: a new CA, key and certificate
     new_client = new.client()
-    renewed = grpc.ssl_channel_credentials(new.cert.encode(), new_client.key.encode(), new_client.cert.encode())
-    with grpc.secure_channel(daemon.address, renewed, (("grpc.use_local_subchannel_pool", 1),)) as channel:
+    with fresh_channel(daemon.address, new.cert, new_client.key, new_client.cert) as channel:
         assert predict(channel, (2.0,)) == [3.0]
     wait_for_log(daemon, "changed: new connections get its certificate")
     # a client of the old CA is now turned away: servex's certificate is the new CA's
-    stale = grpc.secure_channel(daemon.address, credentials, (("grpc.use_local_subchannel_pool", 1),))
-    assert refused(stale).code() == grpc.StatusCode.UNAVAILABLE
+    assert refused(fresh_channel(daemon.address, old.cert, client.key, client.cert)).code() == (
+        grpc.StatusCode.UNAVAILABLE
+    )
     # and so is the old client certificate, trusting the new server: custom_ca is the new CA now
-    mixed = grpc.ssl_channel_credentials(new.cert.encode(), client.key.encode(), client.cert.encode())
-    stale = grpc.secure_channel(daemon.address, mixed, (("grpc.use_local_subchannel_pool", 1),))
-    assert refused(stale).code() == grpc.StatusCode.UNAVAILABLE
+    assert refused(fresh_channel(daemon.address, new.cert, client.key, client.cert)).code() == (
+        grpc.StatusCode.UNAVAILABLE
+    )
 
 
 def _config_path(daemon) -> Path:
