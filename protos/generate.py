@@ -22,6 +22,7 @@ PROTOS = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "protos").rglob(
 
 def _dependency_set() -> descriptor_pb2.FileDescriptorSet:
     from tensorflow.core.framework import tensor_pb2, types_pb2
+    from tensorflow.core.protobuf import config_pb2, named_tensor_pb2
 
     files, seen = [], set()
 
@@ -35,8 +36,8 @@ def _dependency_set() -> descriptor_pb2.FileDescriptorSet:
         file_descriptor.CopyToProto(proto)
         files.append(proto)
 
-    add(tensor_pb2.DESCRIPTOR)
-    add(types_pb2.DESCRIPTOR)
+    for module in (tensor_pb2, types_pb2, config_pb2, named_tensor_pb2):
+        add(module.DESCRIPTOR)
     return descriptor_pb2.FileDescriptorSet(file=files)
 
 

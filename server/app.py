@@ -167,13 +167,17 @@ def bind(server, address: str, certificates: tls.Certificates | None) -> int:
 
 
 def batching_options(settings: ServerSettings) -> BatchingOptions | None:
-    """The server's batching settings, from TensorFlow Serving's BatchingParameters file when one is given."""
+    """The server's batching settings, from TensorFlow Serving's BatchingParameters file or platform config file
+    when one is given."""
     if not settings.enable_batching:
         return None
-    if not settings.batching_parameters_file:
-        return BatchingOptions()
     path = settings.batching_parameters_file
-    return parse_batching_parameters(Path(path).read_text(encoding="utf-8"), f"batching parameters file {path!r}")
+    if path:
+        return parse_batching_parameters(Path(path).read_text(encoding="utf-8"), f"batching parameters file {path!r}")
+    if settings.platform_config_file:
+        where = f"the batching_parameters of platform config file {settings.platform_config_file!r}"
+        return parse_batching_parameters(settings.batching_parameters, where)
+    return BatchingOptions()
 
 
 def parse_batching_parameters(text: str, where: str) -> BatchingOptions:

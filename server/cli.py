@@ -256,6 +256,14 @@ def build_parser() -> argparse.ArgumentParser:
         "GPU memory flags apply over it where given",
     )
     p.add_argument(
+        "--platform_config_file",
+        default="",
+        help="TensorFlow Serving's PlatformConfigMap in text format: the 'tensorflow' platform's "
+        "SessionBundleConfig (session_config, batching_parameters, saved_model_tags, enable_model_warmup, "
+        "model_warmup_options, enable_per_model_batching_params) replaces the batching, session, tag and warm-up "
+        "flags, as in TensorFlow Serving",
+    )
+    p.add_argument(
         "--per_process_gpu_memory_fraction",
         type=float,
         default=d.per_process_gpu_memory_fraction,
@@ -416,8 +424,25 @@ def parse_settings(argv: list[str] | None = None) -> Parsed:
         args.model_name = args.model_base_path = None
     if args.model_name is not None and args.model_base_path is None:
         build_parser().error("--model_name needs --model_base_path")
+    platform = None
+    if args.platform_config_file:
+        platform = tfserving_flags.platform_config(args.platform_config_file, fail, notes)
+        for flag in tfserving_flags.given_flags(build_parser(), argv, tfserving_flags.SESSION_BUNDLE_FLAGS):
+            notes.append(f"--{flag} is ignored: --platform_config_file's SessionBundleConfig replaces it (as in "
+                         f"TensorFlow Serving)")  # fmt: skip
+        # The flags it replaces, as the file sets them (pools left at 0 there take servex's defaults, as below).
+        args.tensorflow_session_config_file, args.tensorflow_session_parallelism = "", 0
+        args.tensorflow_intra_op_parallelism = args.tensorflow_inter_op_parallelism = None
+        args.per_process_gpu_memory_fraction = 0.0  # the file's session_config has its own
+        args.saved_model_tags = ",".join(platform.saved_model_tags)
+        args.enable_batching, args.batching_parameters_file = platform.enable_batching, ""
+        args.enable_per_model_batching_parameters = platform.enable_per_model_batching_params
+        args.enable_model_warmup = platform.enable_model_warmup
+        args.num_request_iterations_for_warmup = platform.num_request_iterations_for_warmup
     session_config = tfserving_flags.session_config(args.tensorflow_session_config_file, fail) if (
         args.tensorflow_session_config_file) else None  # fmt: skip
+    if platform is not None:
+        session_config = platform.session_config
     d = ServerSettings()
     # A pool's own flag, else --tensorflow_session_parallelism, else the session config file, else servex's default.
     pools = {}
@@ -482,6 +507,8 @@ def parse_settings(argv: list[str] | None = None) -> Parsed:
         max_message_bytes=args.max_message_bytes,
         enable_batching=args.enable_batching or bool(args.batching_parameters_file),
         batching_parameters_file=args.batching_parameters_file,
+        batching_parameters=platform.batching_parameters if platform is not None else "",
+        platform_config_file=args.platform_config_file,
         enable_per_model_batching_params=args.enable_per_model_batching_parameters,
         max_queued_requests=args.max_queued_requests,
         max_queued_bytes=args.max_queued_bytes,

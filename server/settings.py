@@ -86,6 +86,12 @@ class ServerSettings:
     enable_batching: bool = False
     # TensorFlow Serving BatchingParameters in text format (max_batch_size, allowed_batch_sizes, ...).
     batching_parameters_file: str = ""
+    # The same, as text, where no file gives them: the batching_parameters of platform_config_file (empty: the
+    # defaults).
+    batching_parameters: str = ""
+    # TensorFlow Serving's --platform_config_file, read by the CLI: its SessionBundleConfig set the batching, session
+    # config, tags and warm-up settings here in place of their flags (kept to name it in messages).
+    platform_config_file: str = ""
     # With batching on, a version folder's batching_params.pbtxt (BatchingParameters, TensorFlow Serving's
     # per-model file) replaces the server's batching parameters for that version.
     enable_per_model_batching_params: bool = False

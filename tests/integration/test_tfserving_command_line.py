@@ -1,6 +1,6 @@
 """A tensorflow_model_server command line starts the real daemon: TensorFlow Serving's flags servex implements take
-effect (gRPC channel arguments, the Prometheus path of --monitoring_config_file on the REST port, SavedModel tags),
-and those that change nothing here are logged with the reason."""
+effect (gRPC channel arguments, the Prometheus path of --monitoring_config_file on the REST port, SavedModel tags,
+--platform_config_file), and those that change nothing here are logged with the reason."""
 
 from __future__ import annotations
 
@@ -128,6 +128,55 @@ def test_tensorflow_serving_metric_names_with_batching_and_a_failed_load(start_d
     assert found == {(str(base / "1"), "success"): 1.0, (str(base / "2"), "fail"): 1.0}
     latency = {s.labels["model_path"]: s.value for s in families[":tensorflow:cc:saved_model:load_latency"].samples}
     assert latency[str(base / "1")] > 0 and latency[str(base / "2")] == 0.0  # servex does not time failed loads
+
+
+def test_a_platform_config_file_sets_batching_session_config_tags_and_warm_up(start_daemon, tmp_path):
+    """TensorFlow Serving's --platform_config_file, as its docs write one: its SessionBundleConfig turns batching on
+    and warm-up on (twice per record), and names the tags; the flags it replaces are ignored, as in TensorFlow
+    Serving (these would leave batching and warm-up off, and load no MetaGraphDef at all)."""
+    from tests.integration.test_warmup import VERSION, as_log, model_with_warmup, predict_request
+
+    base = model_with_warmup(tmp_path / "model", [as_log(predict_request("any", [1.0, 2.0])).SerializeToString()])
+    platform = tmp_path / "platform.config"
+    platform.write_text(
+        """platform_configs {
+  key: "tensorflow"
+  value {
+    source_adapter_config {
+      [type.googleapis.com/tensorflow.serving.SavedModelBundleSourceAdapterConfig] {
+        legacy_config {
+          session_config { intra_op_parallelism_threads: 1 inter_op_parallelism_threads: 1 }
+          batching_parameters { max_batch_size { value: 8 } batch_timeout_micros { value: 0 } }
+          saved_model_tags: "serve"
+          enable_model_warmup: true
+          model_warmup_options { num_request_iterations { value: 2 } }
+        }
+      }
+    }
+  }
+}"""
+    )
+    monitoring = tmp_path / "monitoring.config"
+    monitoring.write_text("prometheus_config { enable: true }")
+    daemon = start_daemon(
+        "--model_name=half", f"--model_base_path={base}", f"--platform_config_file={platform}",
+        f"--monitoring_config_file={monitoring}", "--enable_batching=false", "--enable_model_warmup=false",
+        "--saved_model_tags=no_such_tag", rest=True,
+    )  # fmt: skip
+    calls = 3
+    for i in range(calls):
+        answer = predict(daemon.channel, "half", np.array([[float(i)]], np.float32))
+        assert tf.make_ndarray(answer.outputs["y"]).ravel().tolist() == [0.5 * i + 2]
+    log = daemon.log()
+    assert f"model 'half' version {VERSION}: warmed up with 1 records x 2" in log
+    for flag in ("--enable_batching", "--enable_model_warmup", "--saved_model_tags"):
+        assert f"{flag} is ignored: --platform_config_file's SessionBundleConfig replaces it" in log
+    # Batching is on: TensorFlow Serving's batching queue metric counts the clients' calls and warm-up's two runs
+    # (warm-up goes through the same queue, as in TensorFlow Serving); it is absent with batching off.
+    with urllib.request.urlopen(f"{daemon.rest_url}/monitoring/prometheus/metrics", timeout=10) as reply:
+        families = tf_serving_families(reply.read().decode())
+    queuing = families[":tensorflow:serving:batching_session:queuing_latency"]
+    assert sample(queuing, ":tensorflow:serving:batching_session:queuing_latency_count") == calls + 2
 
 
 def tf_serving_families(text: str) -> dict:

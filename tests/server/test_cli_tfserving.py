@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from executor.run_handler import BatchingOptions
 from server.cli import parse_settings
 from server.settings import ServerSettings
 from server.tfserving_flags import DEFAULT_PROMETHEUS_PATH, NO_EFFECT_FLAGS, REFUSED_FLAGS
@@ -18,7 +19,6 @@ TFS_ONLY = [
     "--num_load_threads=4",
     "--num_unload_threads=2",
     "--flush_filesystem_caches=false",
-    "--platform_config_file=/etc/platform.config",
     "--grpc_max_threads=16",
     "--remove_unused_fields_from_bundle_metagraph=true",
     "--prefer_tflite_model=false",
@@ -257,3 +257,148 @@ def test_version_prints_servex_and_tensorflow_versions(capsys):
     assert info.value.code == 0
     out = capsys.readouterr().out
     assert out.startswith("servex ") and f"TensorFlow Library: {tf.__version__}" in out
+
+
+def platform_config(tmp_path, legacy_config: str, platform: str = "tensorflow", extra: str = "") -> str:
+    """A TensorFlow Serving platform config file (as its docs write them) whose platform holds this
+    SessionBundleConfig text; its path."""
+    path = tmp_path / "platform.config"
+    path.write_text(
+        f"""platform_configs {{
+  key: "{platform}"
+  value {{
+    source_adapter_config {{
+      [type.googleapis.com/tensorflow.serving.SavedModelBundleSourceAdapterConfig] {{
+        legacy_config {{ {legacy_config} }}
+      }}
+    }}
+  }}
+}}
+{extra}"""
+    )
+    return str(path)
+
+
+def test_platform_config_file_replaces_the_session_bundle_flags_as_in_tensorflow_serving(tmp_path):
+    from server.app import batching_options, session_config
+
+    path = platform_config(
+        tmp_path,
+        """session_config { intra_op_parallelism_threads: 3 gpu_options { allow_growth: true } }
+           batching_parameters { max_batch_size { value: 4 } allowed_batch_sizes: [2, 4] }
+           saved_model_tags: "serve" saved_model_tags: "gpu"
+           enable_model_warmup: true model_warmup_options { num_request_iterations { value: 3 } }
+           enable_per_model_batching_params: true""",
+    )
+    # The flags the file replaces, given with other values: TensorFlow Serving ignores them; servex says so.
+    replaced = ["--enable_batching=false", "--tensorflow_intra_op_parallelism=7", "--saved_model_tags=other",
+                "--num_request_iterations_for_warmup=5", "--per_process_gpu_memory_fraction=0.5"]  # fmt: skip
+    parsed = parse_settings([f"--platform_config_file={path}", *replaced])
+    settings = parsed.settings
+    assert settings.enable_batching and settings.enable_per_model_batching_params
+    assert batching_options(settings) == BatchingOptions(max_batch_size=4, allowed_batch_sizes=(2, 4))
+    assert settings.saved_model_tags == ("serve", "gpu")
+    assert settings.enable_model_warmup and settings.num_request_iterations_for_warmup == 3
+    config = session_config(settings)
+    assert (config.intra_op_parallelism_threads, config.inter_op_parallelism_threads) == (3, 0)
+    assert config.gpu_options.allow_growth and config.gpu_options.per_process_gpu_memory_fraction == 0
+    ignored = [n.split(" ")[0] for n in parsed.notes if "is ignored: --platform_config_file" in n]
+    assert ignored == [flag.split("=")[0] for flag in sorted(replaced, key=_session_bundle_order)]
+    assert "(as in TensorFlow Serving)" in parsed.notes[0]
+
+
+def _session_bundle_order(flag: str) -> int:
+    from server.tfserving_flags import SESSION_BUNDLE_FLAGS
+
+    return SESSION_BUNDLE_FLAGS.index(flag.split("=")[0][2:])
+
+
+def test_a_platform_config_without_batching_or_warmup_turns_both_off(tmp_path):
+    """As in TensorFlow Serving: batching only with batching_parameters (even empty), warm-up only with
+    enable_model_warmup, tags "serve" where none are named; pools left at 0 take servex's defaults."""
+    from server.app import batching_options
+
+    d = ServerSettings()
+    settings = parse_settings([f"--platform_config_file={platform_config(tmp_path, '')}", "--enable_batching"]).settings
+    assert not settings.enable_batching and batching_options(settings) is None
+    assert not settings.enable_model_warmup and settings.saved_model_tags == ("serve",)
+    assert (settings.tensorflow_intra_op_parallelism, settings.tensorflow_inter_op_parallelism) == (
+        d.tensorflow_intra_op_parallelism,
+        d.tensorflow_inter_op_parallelism,
+    )
+    path = platform_config(tmp_path, "batching_parameters { }")
+    settings = parse_settings([f"--platform_config_file={path}"]).settings
+    assert settings.enable_batching and batching_options(settings) == BatchingOptions()
+
+
+def test_platform_config_fields_and_platforms_without_effect_are_noted(tmp_path):
+    other = 'platform_configs { key: "tflite" value { } }'
+    path = platform_config(
+        tmp_path,
+        "prefer_tflite_model: true remove_unused_fields_from_bundle_metagraph: true "
+        "model_warmup_options { num_model_warmup_threads { value: 4 } }",
+        extra=other,
+    )
+    notes = parse_settings([f"--platform_config_file={path}"]).notes
+    where = f"--platform_config_file {path!r}"
+    assert notes == (
+        f"{where}: platform 'tflite' has no effect in servex: it serves the 'tensorflow' platform only",
+        f"{where}: remove_unused_fields_from_bundle_metagraph has no effect in servex: servex keeps no MetaGraphDef "
+        "once a version is loaded",
+        f"{where}: prefer_tflite_model has no effect in servex: servex serves no TensorFlow Lite models",
+        f"{where}: model_warmup_options.num_model_warmup_threads has no effect in servex: a version's warm-up "
+        "records replay one after another",
+    )
+
+
+ADAPTER = "[type.googleapis.com/tensorflow.serving.SavedModelBundleSourceAdapterConfig]"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (None, "--platform_config_file: cannot read"),
+        ("platform_configs { key: 'tensorflow' value { nope: 1 } }", "is not a PlatformConfigMap in text format"),
+        ('platform_configs { key: "tflite" value { } }', "has no 'tensorflow' platform, the one servex serves "
+         "(platform_configs has ['tflite'])"),
+        ('platform_configs { key: "tensorflow" value { source_adapter_config { '
+         "[type.googleapis.com/tensorflow.serving.TfrtSavedModelSourceAdapterConfig] { } } } }",
+         "TfrtSavedModelSourceAdapterConfig not found in descriptor pool; servex reads the 'tensorflow' platform's "
+         "tensorflow.serving.SavedModelBundleSourceAdapterConfig"),
+        ('platform_configs { key: "tensorflow" value { } }',
+         f"source_adapter_config holds 'nothing'; expected {ADAPTER} {{ legacy_config {{ ... }} }}"),
+        ('platform_configs { key: "tensorflow" value { source_adapter_config { '
+         'type_url: "type.googleapis.com/tensorflow.serving.SavedModelBundleSourceAdapterConfig" value: "\\377" '
+         "} } }", "SavedModelBundleSourceAdapterConfig cannot be decoded"),
+        ('session_target: "grpc://elsewhere:2222"', "session_target 'grpc://elsewhere:2222' is not supported"),
+        ('experimental_fixed_input_tensors { name: "x" }', "experimental_fixed_input_tensors is not supported"),
+        ("model_warmup_options { num_request_iterations { value: 0 } }",
+         "model_warmup_options.num_request_iterations must be at least 1, got 0"),
+        ('saved_model_tags: "serve" saved_model_tags: ""', "saved_model_tags has an empty tag: ['serve', '']"),
+    ],
+)  # fmt: skip
+def test_a_platform_config_that_cannot_be_used_is_refused_naming_what_and_why(tmp_path, text, message, capsys):
+    if text is None:
+        path = str(tmp_path / "missing.config")
+    elif text.startswith("platform_configs"):
+        path = tmp_path / "platform.config"
+        path.write_text(text)
+    else:
+        path = platform_config(tmp_path, text)
+    with pytest.raises(SystemExit) as info:
+        parse_settings([f"--platform_config_file={path}"])
+    assert info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_bad_batching_parameters_in_a_platform_config_fail_the_start_naming_the_file(tmp_path):
+    from loader.errors import InvalidArgument
+    from server.app import batching_options
+
+    path = platform_config(tmp_path, "batching_parameters { max_batch_size { value: 4 } allowed_batch_sizes: 8 }")
+    settings = parse_settings([f"--platform_config_file={path}"]).settings
+    with pytest.raises(InvalidArgument) as info:
+        batching_options(settings)
+    assert str(info.value) == (
+        f"the batching_parameters of platform config file {path!r}: allowed_batch_sizes [8] must increase and end "
+        "with max_batch_size 4"
+    )
