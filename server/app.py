@@ -195,7 +195,7 @@ def parse_batching_parameters(text: str, where: str) -> BatchingOptions:
         raise InvalidArgument(
             f"{where}: allowed_batch_sizes {list(allowed)} must increase and end with max_batch_size {size}"
         )
-    if params.HasField("pad_variable_length_inputs") and params.pad_variable_length_inputs.value:
+    if params.pad_variable_length_inputs:
         log.warning("%s: pad_variable_length_inputs is not supported: requests of other shapes batch separately", where)
     return BatchingOptions(max_batch_size=size, allowed_batch_sizes=allowed)
 
