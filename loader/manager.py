@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from loader.config import ModelSpec
-from loader.errors import InvalidArgument, LoadError, NotFound, ServingError, Unavailable
+from loader.errors import FailedPrecondition, InvalidArgument, LoadError, NotFound, ServingError, Unavailable
 from loader.versions import list_versions
 
 log = logging.getLogger(__name__)
@@ -143,11 +143,16 @@ class ModelManager(Generic[S]):
     def apply_config(self, specs: list[ModelSpec]) -> list[str]:
         """Serve exactly these models; returns the problems (failed loads, bad labels), empty when all is well.
 
-        Removed models stop taking requests at once and unload when their in-flight requests finish.
+        Removed models stop taking requests at once and unload when their in-flight requests finish. A config that
+        moves a model's existing version label to a version that is not available is refused whole, nothing
+        changed (FailedPrecondition), as TensorFlow Serving refuses it: its clients calling by that label would
+        get NOT_FOUND. A new label may name a version that is not available yet (it serves once that version
+        does).
         """
         with self._reconcile_lock:
             wanted = {spec.name: spec for spec in specs}
             with self._lock:
+                self._check_label_moves(specs)
                 removed = [m for name, m in self._models.items() if name not in wanted]
                 for model in removed:
                     del self._models[model.spec.name]
@@ -167,6 +172,22 @@ class ModelManager(Generic[S]):
                 if model is not None:  # None: unload_all ran meanwhile
                     problems.extend(self._reconcile(model))
             return problems
+
+    def _check_label_moves(self, specs: list[ModelSpec]) -> None:
+        for spec in specs:
+            model = self._models.get(spec.name)
+            if model is None:
+                continue
+            available = model.available()
+            for label, version in sorted(spec.labels.items()):
+                before = model.spec.labels.get(label)
+                if before is not None and before != version and version not in available:
+                    raise FailedPrecondition(
+                        f"Request to assign label to version {version} of model {spec.name}, which is not "
+                        f"currently available for inference; the config is not applied: label {label!r} would "
+                        f"move from version {before} to version {version} (available versions: {available}); "
+                        f"serve version {version} first, then move the label"
+                    )
 
     def poll(self) -> list[str]:
         """Look at every model's base path again: load new versions, unload old ones, retry failed ones."""

@@ -6,6 +6,8 @@ import os
 
 from loader.errors import LoadError
 
+MAX_VERSION = 2**63 - 1  # versions are int64 in TensorFlow Serving's and KServe's protos
+
 
 def list_versions(base_path: str) -> dict[int, str]:
     """Map each numbered sub-folder of ``base_path`` to its path; other entries are ignored.
@@ -17,7 +19,9 @@ def list_versions(base_path: str) -> dict[int, str]:
     versions = {}
     for entry in os.listdir(base_path):
         full = os.path.join(base_path, entry)
-        if entry.isascii() and entry.isdigit() and os.path.isdir(full):  # ASCII only: '²' is no version
+        # ASCII only ('²' is no version), and within int64 as TensorFlow Serving parses them (safe_strto64): a
+        # larger number is no version either (it would become the latest, then fail in every int64 field)
+        if entry.isascii() and entry.isdigit() and int(entry) <= MAX_VERSION and os.path.isdir(full):
             versions[int(entry)] = full
     if not versions:
         raise LoadError(

@@ -31,7 +31,7 @@ from executor.metrics import CacheMetrics, VariableMetrics
 from executor.run_handler import BatchingOptions
 from loader import ModelManager, load_saved_model
 from loader.config import ModelSpec, parse_model_config
-from loader.errors import InvalidArgument
+from loader.errors import InvalidArgument, ServingError
 from protos.servex.v1 import batching_pb2, graph_executor_pb2, graph_executor_pb2_grpc, variables_pb2_grpc
 from server import tls
 from server.admin import BearerTokenInterceptor, VariableService
@@ -244,8 +244,13 @@ class Lifecycle:
         self.specs: list[ModelSpec] = []  # the config last applied (the KServe v2 repository edits it)
 
     async def apply(self, specs: list[ModelSpec]) -> list[str]:
-        self.specs = list(specs)
-        problems = await asyncio.get_running_loop().run_in_executor(None, self.manager.apply_config, specs)
+        """Serve ``specs``; the problems. Raises (FailedPrecondition) for a config refused whole, nothing changed."""
+        previous, self.specs = self.specs, list(specs)
+        try:
+            problems = await asyncio.get_running_loop().run_in_executor(None, self.manager.apply_config, specs)
+        except ServingError:
+            self.specs = previous
+            raise
         await self.sync_health()
         return problems
 
@@ -284,6 +289,8 @@ class Lifecycle:
             try:
                 for problem in await self.apply(specs):
                     log.error("%s", problem)
+            except ServingError as e:  # refused whole: the models stay as they were
+                log.error("model config file %r not applied, the current models stay: %s", path, e)
             except Exception:  # keep watching the file
                 log.exception("applying model config file %r failed", path)
 

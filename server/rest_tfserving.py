@@ -30,15 +30,15 @@ import numpy as np
 from aiohttp import web
 from google.protobuf import json_format
 from tensorflow.core.example import example_pb2, feature_pb2
-from tensorflow_serving.apis import classification_pb2, get_model_status_pb2, input_pb2, regression_pb2
+from tensorflow_serving.apis import classification_pb2, input_pb2, regression_pb2
 
-from loader.errors import CODE_NAMES, InvalidArgument, NotFound
+from loader.errors import InvalidArgument, NotFound
 from loader.saved_model import TensorSpec
 from server import examples
 from server import rest_codec as codec
 from server.core import REQUEST, RequestInfo
 from server.rest import Call, Rest, json_response, offload, payload_bytes
-from server.tfserving import in_tfserving_words
+from server.tfserving import in_tfserving_words, model_status_response
 
 _SPEC = r"/v1/models/([^/:]+)(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?"
 PREDICT_PATH = re.compile(_SPEC + r":(classify|regress|predict)", re.IGNORECASE)
@@ -435,15 +435,7 @@ def _add_value(feature: feature_pb2.Feature, value: Any, where: str) -> None:
 
 
 async def model_status(rest: Rest, name: str, version: int | None, label: str) -> web.Response:
-    response = get_model_status_pb2.GetModelStatusResponse()
-    for served in rest.core.manager.statuses(name, version, label):
-        status = response.model_version_status.add()
-        status.version = served.version
-        status.state = get_model_status_pb2.ModelVersionStatus.State.Value(served.state)
-        status.status.SetInParent()  # TensorFlow Serving always answers a status, {"error_code": "OK"} included
-        if served.error is not None:
-            status.status.error_code = CODE_NAMES.index(served.error.code)
-            status.status.error_message = served.error.message
+    response = model_status_response(rest.core.manager, name, version, label)
     return json_response(codec.dumps(json_format.MessageToDict(response, always_print_fields_with_no_presence=True)))
 
 

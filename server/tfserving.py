@@ -42,6 +42,28 @@ def in_tfserving_words(error: NotFound) -> NotFound:
     return NotFound(error.tfserving) if error.tfserving else error
 
 
+def model_status_response(
+    manager, name: str, version: int | None, label: str
+) -> get_model_status_pb2.GetModelStatusResponse:
+    """TensorFlow Serving's GetModelStatus answer (gRPC and REST): every known version of ``name``, highest first as
+    TensorFlow Serving's ServableStateMonitor orders them (clients read the first as the newest), or the one asked
+    for; each with its status, OK included. A model none of whose versions has been seen yet is NOT_FOUND, in
+    TensorFlow Serving's words."""
+    served = manager.statuses(name, version, label)
+    if not served:
+        raise NotFound(f"Could not find any versions of model {name}: none has been found under its base path yet")
+    response = get_model_status_pb2.GetModelStatusResponse()
+    for sv in reversed(served):
+        status = response.model_version_status.add()
+        status.version = sv.version
+        status.state = get_model_status_pb2.ModelVersionStatus.State.Value(sv.state)
+        status.status.SetInParent()
+        if sv.error is not None:
+            status.status.error_code = CODE_NAMES.index(sv.error.code)
+            status.status.error_message = sv.error.message
+    return response
+
+
 def tfserving_errors(method):
     """A TensorFlow Serving gRPC method whose NotFound errors are said in TensorFlow Serving's words."""
 
@@ -142,15 +164,7 @@ class ModelService(model_service_pb2_grpc.ModelServiceServicer):
         spec = request.model_spec
         if not spec.name:
             raise InvalidArgument("model_spec.name is empty: name the model to ask about")
-        response = get_model_status_pb2.GetModelStatusResponse()
-        for served in self.core.manager.statuses(spec.name, spec_version(spec), spec.version_label):
-            status = response.model_version_status.add()
-            status.version = served.version
-            status.state = get_model_status_pb2.ModelVersionStatus.State.Value(served.state)
-            if served.error is not None:
-                status.status.error_code = CODE_NAMES.index(served.error.code)
-                status.status.error_message = served.error.message
-        return response
+        return model_status_response(self.core.manager, spec.name, spec_version(spec), spec.version_label)
 
     @rpc
     async def HandleReloadConfigRequest(self, request: model_management_pb2.ReloadConfigRequest, context):

@@ -7,6 +7,8 @@ import os
 import shutil
 import threading
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import grpc
@@ -102,6 +104,62 @@ def test_version_policies(policies, model, versions):
         with pytest.raises(grpc.RpcError) as info:
             predict(policies.channel, model, [[1.0]], version=v)
         assert info.value.code() == grpc.StatusCode.NOT_FOUND and f"no version {v}" in info.value.details()
+
+
+def test_a_reload_moving_a_label_to_a_version_not_available_changes_nothing(policies):
+    """TensorFlow Serving refuses it whole (FAILED_PRECONDITION, its words): the label keeps its version and the
+    models the new config drops stay."""
+    from google.protobuf import text_format
+
+    moved = POLICY_CONFIG.replace('key: "stable" value: 123', 'key: "stable" value: 125')
+    config = text_format.Parse(moved, model_server_config_pb2.ModelServerConfig())
+    kept = [c for c in config.model_config_list.config if c.name != "all"]
+    del config.model_config_list.config[:]
+    config.model_config_list.config.extend(kept)
+    stub = model_service_pb2_grpc.ModelServiceStub(policies.channel)
+    with pytest.raises(grpc.RpcError) as info:
+        stub.HandleReloadConfigRequest(model_management_pb2.ReloadConfigRequest(config=config), timeout=60)
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert info.value.details().startswith(
+        "Request to assign label to version 125 of model labelled, which is not currently available for inference"
+    )
+    assert predict(policies.channel, "labelled", [[1.0]], label="stable").model_spec.version.value == 123
+    assert status(policies.channel, "all") == {123: (AVAILABLE, 0, ""), 124: (AVAILABLE, 0, "")}
+
+
+def test_model_status_lists_the_highest_version_first_as_tensorflow_serving(policies):
+    """TensorFlow Serving's ServableStateMonitor keeps versions in descending order: clients read the first as the
+    newest."""
+    req = get_model_status_pb2.GetModelStatusRequest()
+    req.model_spec.name = "all"
+    reply = model_service_pb2_grpc.ModelServiceStub(policies.channel).GetModelStatus(req, timeout=10)
+    assert [s.version for s in reply.model_version_status] == [124, 123]
+    assert all(s.HasField("status") and s.status.error_code == 0 for s in reply.model_version_status)
+
+
+def test_model_status_of_a_model_with_no_version_yet_is_not_found_as_in_tensorflow_serving(start_daemon, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    config = tmp_path / "models.config"
+    config.write_text(
+        f"""model_config_list {{
+  config {{ name: "one" base_path: "{TWO_VERSIONS}" model_platform: "tensorflow" }}
+  config {{ name: "empty" base_path: "{empty}" model_platform: "tensorflow" }}
+}}"""
+    )
+    daemon = start_daemon(f"--model_config_file={config}", rest=True)
+    with pytest.raises(grpc.RpcError) as info:
+        status(daemon.channel, "empty")
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    assert info.value.details() == (
+        "Could not find any versions of model empty: none has been found under its base path yet"
+    )
+    try:
+        urllib.request.urlopen(f"{daemon.rest_url}/v1/models/empty", timeout=10)
+        raise AssertionError("REST answered a model with no version")
+    except urllib.error.HTTPError as e:
+        assert e.code == 404 and b"Could not find any versions of model empty" in e.read()
+    assert status(daemon.channel, "one") == {124: (AVAILABLE, 0, "")}  # the other model is served
 
 
 def test_version_labels_in_predict_metadata_and_status(policies):

@@ -87,7 +87,7 @@ def test_model_status_as_tensorflow_serving_answers(daemon):
         "model_version_status": [{"version": "123", "state": "AVAILABLE", "status": OK_STATUS}]
     }
     both = ok(daemon, "/v1/models/two")["model_version_status"]
-    assert [(s["version"], s["state"]) for s in both] == [("123", "AVAILABLE"), ("124", "AVAILABLE")]
+    assert [(s["version"], s["state"]) for s in both] == [("124", "AVAILABLE"), ("123", "AVAILABLE")]  # newest first
     assert [s["version"] for s in ok(daemon, "/v1/models/two/versions/124")["model_version_status"]] == ["124"]
     assert [s["version"] for s in ok(daemon, "/v1/models/two/labels/stable")["model_version_status"]] == ["123"]
     # TensorFlow Serving matches paths case-insensitively

@@ -6,7 +6,7 @@ import pytest
 
 from loader import ModelManager, NotFound
 from loader.config import VersionPolicy
-from loader.errors import InvalidArgument, Unavailable
+from loader.errors import FailedPrecondition, InvalidArgument, Unavailable
 from loader.manager import AVAILABLE, END
 from tests.loader.manager_fakes import (
     Recorder,
@@ -176,3 +176,24 @@ def test_statuses_by_name_version_and_label(manager, rec, tmp_path):
     assert three.state == END and "truncated" in three.error.message
     (stable,) = manager.statuses("m", label="stable")
     assert stable.version == 1 and stable is manager.get("m", 1)
+
+
+def test_moving_a_label_to_a_version_that_is_not_available_is_refused_whole(manager, rec, tmp_path):
+    """As TensorFlow Serving refuses it ("Request to assign label to version N of model M, which is not currently
+    available for inference"): nothing of the config applies, so clients calling by the label keep their version
+    and a model the config drops stays."""
+    base, other = model_dir(tmp_path / "m", 1, 2), model_dir(tmp_path / "o", 1)
+    manager.apply_config([spec("m", base, VersionPolicy("all"), {"stable": 1}), spec("o", other)])
+    with pytest.raises(FailedPrecondition) as info:
+        manager.apply_config([spec("m", base, VersionPolicy("all"), {"stable": 3, "canary": 7})])
+    assert info.value.message.startswith(
+        "Request to assign label to version 3 of model m, which is not currently available for inference; the "
+        "config is not applied: label 'stable' would move from version 1 to version 3 (available versions: [1, 2])"
+    )
+    assert manager.get("m", label="stable").version == 1 and manager.model_names() == ["m", "o"]
+    assert manager.spec("m").labels == {"stable": 1}
+    # Moving it to an available version, or adding a new label on a version to come, is taken.
+    assert manager.apply_config([spec("m", base, VersionPolicy("all"), {"stable": 2})]) == []
+    assert manager.get("m", label="stable").version == 2 and manager.model_names() == ["m"]
+    problems = manager.apply_config([spec("m", base, VersionPolicy("all"), {"stable": 2, "next": 3})])
+    assert len(problems) == 1 and "'next' points to version 3, which is not available" in problems[0]

@@ -87,3 +87,13 @@ def test_arabic_indic_digits_are_not_a_version(tmp_path):
     # int('١٢') == 12: such a folder must not be served as version 12 (nor shadow a real '12').
     base = make_base(tmp_path / "m", "3", "١٢")
     assert latest_version(str(base)) == (3, os.path.join(str(base), "3"))
+
+
+def test_a_number_past_int64_is_not_a_version(tmp_path):
+    # TensorFlow Serving parses version folders as int64 (safe_strto64) and skips the rest; such a folder served as
+    # the latest version would fail every call that reports its version.
+    base = make_base(tmp_path / "m", "3", str(2**63 - 1), str(2**63), "99999999999999999999")
+    assert list_versions(str(base)) == {
+        3: os.path.join(str(base), "3"),
+        2**63 - 1: os.path.join(str(base), str(2**63 - 1)),
+    }
