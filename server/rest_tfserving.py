@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import math
 import re
 import time
 import weakref
@@ -256,14 +257,27 @@ def _to_strings(value: Any, where: str, expects: str) -> np.ndarray:
     return array.reshape(shape)
 
 
+# What absl::Base64Unescape (TensorFlow Serving's decoder) also takes: whitespace anywhere (base64 wrapped in
+# lines, as Python's base64.encodebytes and the base64 tool write it) and '.' as the padding character.
+_B64_WHITESPACE = str.maketrans("", "", " \t\n\v\f\r")
+
+
 def _b64decode(text: str, at: str, expects: str) -> bytes:
     try:
         return base64.b64decode(text + "=" * (-len(text) % 4), validate=True)
     except (binascii.Error, ValueError) as e:
-        raise InvalidArgument(
-            f'{expects}: {at} {{"b64": {codec.show(text, 40)}}} is not valid base64 ({e}); expected standard '
-            f"base64 (A-Z, a-z, 0-9, +, /, = padding)"
-        ) from None
+        error = e
+    lenient = text.translate(_B64_WHITESPACE)
+    unpadded = lenient.rstrip("=.")
+    if len(lenient) - len(unpadded) <= 2:
+        try:
+            return base64.b64decode(unpadded + "=" * (-len(unpadded) % 4), validate=True)
+        except (binascii.Error, ValueError):
+            pass
+    raise InvalidArgument(
+        f'{expects}: {at} {{"b64": {codec.show(text, 40)}}} is not valid base64 ({error}); expected standard '
+        f"base64 (A-Z, a-z, 0-9, +, /; padding = or ., optional; whitespace is skipped)"
+    ) from None
 
 
 def _strings_json(array: np.ndarray, as_b64: bool) -> Any:
@@ -288,6 +302,8 @@ def encode_predict(outputs: dict[str, np.ndarray], row: bool) -> bytes:
             values[alias] = _strings_json(array, alias.endswith("_bytes"))
         else:
             all_finite = all_finite and codec.finite(array)
+            if codec.is_narrow_float(array):  # TensorFlow Serving's decimals for float32
+                array = codec.tf_serving_floats(array)
             values[alias] = codec.jsonable(array)
     if not row:
         body = next(iter(values.values())) if len(values) == 1 else values
@@ -357,13 +373,17 @@ def encode_results(verb: str, outputs: dict[str, np.ndarray], count: int, where:
     if verb == "classify":
         result = classification_pb2.ClassificationResult()
         examples.fill_classification_result(result, outputs, count, where)
-        results: Any = [[[c.label, np.float32(c.score)] for c in cl.classes] for cl in result.classifications]
-        all_finite = all(np.isfinite(c[1]) for classes in results for c in classes)
+        results: Any = [
+            [[c.label, codec.tf_decimal(c.score) if math.isfinite(c.score) else c.score] for c in cl.classes]
+            for cl in result.classifications
+        ]  # the scores are float32: TensorFlow Serving's decimals for them
+        all_finite = all(math.isfinite(c[1]) for classes in results for c in classes)
     else:
         regression = regression_pb2.RegressionResult()
         examples.fill_regression_result(regression, outputs, count, where)
         results = np.array([r.value for r in regression.regressions], np.float32)
         all_finite = codec.finite(results)
+        results = codec.tf_serving_floats(results)
     return codec.dumps({"results": results}, all_finite)
 
 

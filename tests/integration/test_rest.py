@@ -177,6 +177,25 @@ def test_gzip_and_deflate_bodies(daemon):
         assert answer == {"predictions": [[2.5], [3.0]]}
 
 
+def test_float32_answers_read_as_the_numbers_tensorflow_serving_writes(daemon):
+    """TensorFlow Serving writes float32 with six significant digits where they read back as the same float32,
+    else nine: 0.5 * 1.2345678 + 2 is 2.61728382 from it (the shortest decimal, 2.6172838, would parse as another
+    double), in predict, classify and regress answers alike."""
+    x = 1.2345678
+    status, raw = call_raw(daemon, "/v1/models/tf1:predict", {"instances": [[x], [1.0]]})
+    assert status == 200 and raw == b'{"predictions":[[2.61728382],[2.5]]}'
+    body = {"signature_name": "classify_x_to_y", "examples": [{"x": x}]}
+    assert ok(daemon, "/v1/models/tf1:classify", body) == {"results": [[["", 2.61728382]]]}
+    body["signature_name"] = "regress_x_to_y"
+    assert ok(daemon, "/v1/models/tf1:regress", body) == {"results": [2.61728382]}
+
+
+def call_raw(daemon, path: str, body) -> tuple[int, bytes]:
+    request = urllib.request.Request(daemon.rest_url + path, data=json.dumps(body).encode())
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return response.status, response.read()
+
+
 # -- classify / regress -----------------------------------------------------------------------------------
 
 

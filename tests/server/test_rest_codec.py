@@ -88,6 +88,41 @@ def test_dumps_float32_shortest_and_non_finite_as_tensorflow_serving():
         codec.jsonable(np.zeros(2, np.complex64))
 
 
+def test_float32_decimals_as_tensorflow_serving_writes_them():
+    """json_tensor.cc's WriteDecimal: six significant digits where they read back as the same float32, else nine
+    (the shortest decimal would read back as another double: 2.6172838 where TensorFlow Serving says 2.61728382)."""
+    f = np.float32
+    assert codec.tf_decimal(f(0.5) * f(1.2345678) + f(2)) == 2.61728382
+    assert codec.tf_decimal(f(1) / f(3)) == 0.333333343
+    assert [codec.tf_decimal(f(v)) for v in (0.1, 0.2, 2.5, 9e6, 3e-5, 1234565.0, -7.0)] == [
+        0.1, 0.2, 2.5, 9e6, 3e-5, 1234565.0, -7.0,
+    ]  # fmt: skip
+    small = np.array([[0.5 * 1.2345678 + 2, np.nan], [np.inf, -0.0]], np.float32)
+    out = codec.tf_serving_floats(small)
+    assert out.dtype == np.float64 and out.shape == (2, 2)
+    assert out[0, 0] == 2.61728382 and np.isnan(out[0, 1]) and out[1, 0] == np.inf and str(out[1, 1]) == "-0.0"
+    body = codec.dumps({"y": codec.jsonable(codec.tf_serving_floats(np.full(40, 1 / 3, np.float32)))})
+    assert body == b'{"y":[' + b",".join([b"0.333333343"] * 40) + b"]}"
+
+
+def test_vectorized_float32_decimals_equal_tensorflow_serving_s_value_by_value():
+    rng = np.random.default_rng(7)
+    every_kind = rng.integers(0, 2**32, size=150_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    arrays = [
+        every_kind,  # random bit patterns: every exponent, subnormals, NaN and infinities
+        rng.standard_normal(60_000).astype(np.float32),
+        (rng.random(30_000) * 1e-5).astype(np.float32),  # small probabilities
+        np.array([1e-4, 9.9999997e-5, 1e8, 1e9, 999999936.0, 16777216.0, 1e-14, 1e-45, 3.4e38, 1234565.0], np.float32),
+    ]
+    for array in arrays:
+        got = codec.tf_serving_floats(array)
+        with np.errstate(invalid="ignore"):  # signalling NaNs among the bit patterns
+            values = array.astype(np.float64).tolist()
+        expected = np.array([codec.tf_decimal(v) if np.isfinite(v) else v for v in values])
+        same = (got == expected) | (np.isnan(got) & np.isnan(expected))
+        assert same.all(), [(array[i], got[i], expected[i]) for i in np.flatnonzero(~same)[:5]]
+
+
 # -- bodies -----------------------------------------------------------------------------------------------
 
 

@@ -44,6 +44,26 @@ def test_row_format_one_input_and_named_inputs():
     assert inputs["s"].tolist() == [b"a", b"\xff"] and inputs["k"].tolist() == [1, 2]
 
 
+def test_b64_as_tensorflow_serving_decodes_it_wrapped_in_lines_and_with_dot_padding():
+    """absl::Base64Unescape, which TensorFlow Serving decodes with, skips whitespace and takes '.' as padding:
+    base64 wrapped in lines (Python's base64.encodebytes, the base64 tool) serves."""
+    raw = bytes(range(256)) * 2
+    wrapped = base64.encodebytes(raw).decode()
+    assert "\n" in wrapped
+    for text, expected in [
+        (wrapped, raw),
+        (" aGVs\r\n bG8=\n", b"hello"),
+        ("aGVsbG8.", b"hello"),
+        ("aGVsbA..", b"hell"),
+        ("aGVsbA", b"hell"),
+    ]:
+        inputs, _ = decode_predict({"instances": [{"b64": text}]}, {"s": S})
+        assert inputs["s"].tolist() == [expected], text
+    for bad in ("aGVs*bG8=", "aGVsbA===", "a", "aGVs-_"):  # other characters, too much padding, web-safe alphabet
+        message = refused({"instances": [{"b64": bad}]}, {"s": S})
+        assert "not valid base64" in message and "whitespace is skipped" in message, bad
+
+
 def test_columnar_format():
     inputs, row = decode_predict({"inputs": {"s": [["a", "b"]], "k": 5, "ignored": 1}}, {"s": S, "k": K})
     assert not row and inputs["s"].shape == (1, 2) and inputs["k"].shape == ()
