@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -350,8 +351,9 @@ def jsonable(array: np.ndarray) -> Any:
     return np.ascontiguousarray(array)
 
 
+_FLOAT32 = struct.Struct("f")  # packing rounds a double to the nearest float32
 _POW10 = 10.0 ** np.arange(23)  # the powers of ten a double holds exactly
-_VECTORIZED_FROM = 32  # values; below, formatting each one costs less than the vectorized steps' overhead
+_VECTORIZED_FROM = 48  # values; below, formatting each one costs less than the vectorized steps' overhead
 
 
 def tf_decimal(value: float) -> float:
@@ -359,7 +361,7 @@ def tf_decimal(value: float) -> float:
     ``absl::StrCat``'s six significant digits when they read back as the same float32, else ``%.9g``), read as a
     double: what a client's JSON parser gets from TensorFlow Serving."""
     text = f"{value:.6g}"
-    if np.float32(float(text)) != np.float32(value):
+    if _FLOAT32.unpack(_FLOAT32.pack(float(text)))[0] != value:  # ``value`` holds a float32 already
         text = f"{value:.9g}"
     return float(text)
 
