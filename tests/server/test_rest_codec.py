@@ -112,8 +112,13 @@ def test_vectorized_float32_decimals_equal_tensorflow_serving_s_value_by_value()
         every_kind,  # random bit patterns: every exponent, subnormals, NaN and infinities
         rng.standard_normal(60_000).astype(np.float32),
         (rng.random(30_000) * 1e-5).astype(np.float32),  # small probabilities
-        np.array([1e-4, 9.9999997e-5, 1e8, 1e9, 999999936.0, 16777216.0, 1e-14, 1e-45, 3.4e38, 1234565.0], np.float32),
-    ]
+        np.tile(
+            np.array(
+                [1e-4, 9.9999997e-5, 1e8, 1e9, 999999936.0, 16777216.0, 1e-14, 1e-45, 3.4e38, 1234565.0], np.float32
+            ),
+            10,
+        ),  # fmt: skip
+    ]  # each long enough for the vectorized steps
     for array in arrays:
         got = codec.tf_serving_floats(array)
         with np.errstate(invalid="ignore"):  # signalling NaNs among the bit patterns
