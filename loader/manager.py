@@ -422,7 +422,10 @@ class ModelManager(Generic[S]):
             if label:
                 raise NotFound(f"model {name!r} {what} is not available (available versions: {available})")
             message = f"model {name!r} has no version {version} (available versions: {available})"
-            raise _not_found(message, f"Servable not found for request: Specific({name}, {version}); {message}")
+            raise _not_found(  # Triton's words first (its clients look for them), TensorFlow Serving's on its APIs
+                f"Request for unknown model: '{name}' version {version} is not found; {message}",
+                f"Servable not found for request: Specific({name}, {version}); {message}",
+            )
         return sv
 
     # -- status ---------------------------------------------------------------------------------------

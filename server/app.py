@@ -398,6 +398,7 @@ async def serve(settings: ServerSettings) -> int:
             for problem in problems:
                 log.error("%s", problem)
             available = manager.available_models()
+            core.started = True
             if not available:
                 log.error("no model loaded, nothing to serve: %s", "; ".join(problems) or "no model configured")
                 exit_code = 1

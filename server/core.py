@@ -133,6 +133,14 @@ class ServingCore:
         # tensor, bounded by --max_message_bytes as any other.
         self.shared_memory = SharedMemoryRegistry(max_read_bytes=max_tensor_bytes)
         self._graph_labels: dict[str, set[str]] = {}
+        # Set once the models of the start-up config have loaded (or failed): the ports serve before that.
+        self.started = False
+
+    def ready(self) -> bool:
+        """The server's readiness (KServe v2 ServerReady, /v2/health/ready): the start-up loads are over, as gRPC
+        health's SERVING says, and a model serves. A model or version that fails later does not make the server
+        unready (Triton's --strict-readiness=false); each model's own readiness is exact."""
+        return self.started and bool(self.manager.available_models())
 
     # -- resolution ------------------------------------------------------------------------------------
 

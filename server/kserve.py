@@ -37,9 +37,8 @@ from server.v2_config import PLATFORM
 log = logging.getLogger(__name__)
 
 SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
-# What ServerMetadata lists on the main port: request parameters (priority), classification outputs and system
-# shared memory; on the admin port, the model repository extension, the one it serves.
-EXTENSIONS = ("parameters", "classification", "system_shared_memory")
+# What ServerMetadata lists on the admin port: the model repository extension, the one it serves (the main port's:
+# v2_types.EXTENSIONS).
 ADMIN_EXTENSIONS = ("model_repository",)
 PRIORITY = "priority"
 TIMEOUT = "timeout"
@@ -79,7 +78,7 @@ class _ServerCalls:
 
     @rpc
     async def ServerReady(self, request, context):
-        return pb.ServerReadyResponse(ready=bool(self.core.manager.available_models()))
+        return pb.ServerReadyResponse(ready=self.core.ready())
 
     @rpc
     async def ServerMetadata(self, request, context):
@@ -93,8 +92,8 @@ class _ModelCalls:
     @rpc
     async def ModelReady(self, request, context):
         version = v2_types.parse_version(request.version)
-        if not request.name:
-            raise InvalidArgument("name is empty: name the model to ask about")
+        if not request.name:  # no such model: not ready, as Triton answers it
+            return pb.ModelReadyResponse(ready=False)
         try:
             self.core.resolve(request.name, version)
         except ServingError:  # unknown, loading, failed: not ready
@@ -127,7 +126,7 @@ class _ModelCalls:
 
 
 class KServeService(_ServerCalls, _ModelCalls, pb_grpc.GRPCInferenceServiceServicer):
-    extensions = EXTENSIONS
+    extensions = v2_types.EXTENSIONS
 
     def __init__(self, core: ServingCore, max_tensor_bytes: int | None = None):
         self.core = core
@@ -198,8 +197,8 @@ class KServeService(_ServerCalls, _ModelCalls, pb_grpc.GRPCInferenceServiceServi
     async def ModelStreamInfer(self, request_iterator, context):
         """Each request is answered in order, its answer marked final (``triton_final_response``, as Triton marks
         a model's last answer to a request: servex gives one per request). A failed one answers ``error_message``
-        with the request's id and model, and the stream goes on; with Triton's ``triton_grpc_error: true`` metadata
-        the error ends the stream with its gRPC status instead."""
+        (the message alone, as Triton's) with the request's id and model, and the stream goes on; with Triton's
+        ``triton_grpc_error: true`` metadata the error ends the stream with its gRPC status instead."""
         grpc_errors = any(key == GRPC_ERROR_METADATA and str(value).lower() == "true"
                           for key, value in context.invocation_metadata() or ())  # fmt: skip
         async for request in request_iterator:
@@ -233,7 +232,7 @@ class KServeService(_ServerCalls, _ModelCalls, pb_grpc.GRPCInferenceServiceServi
             if error is not None:
                 if grpc_errors:
                     await abort(context, getattr(grpc.StatusCode, error.code), bounded(error.message))
-                answer = pb.ModelStreamInferResponse(error_message=f"{error.code}: {error.message}")
+                answer = pb.ModelStreamInferResponse(error_message=error.message)  # as Triton: the message alone
                 if type(request) is not Malformed:  # which request failed
                     failed = answer.infer_response
                     failed.id, failed.model_name, failed.model_version = (

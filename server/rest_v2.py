@@ -42,7 +42,6 @@ from server.shared_memory import NO_CUDA_MEMORY
 from server.v2_config import PLATFORM
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
-EXTENSIONS = ["binary_tensor_data", "parameters", "classification", "system_shared_memory"]
 _INT64_MAX = 2**63 - 1
 
 
@@ -174,7 +173,7 @@ def _server_version() -> str:
         return "0.0.0"
 
 
-_SERVER = codec.dumps({"name": "servex", "version": _server_version(), "extensions": EXTENSIONS})
+_SERVER = codec.dumps({"name": "servex", "version": _server_version(), "extensions": v2_types.EXTENSIONS})
 
 
 async def server_metadata(rest: Rest, request: web.Request, call: Call, info: RequestInfo) -> web.Response:
@@ -194,8 +193,9 @@ async def live(rest: Rest, request: web.Request, call: Call, info: RequestInfo) 
 async def ready(rest: Rest, request: web.Request, call: Call, info: RequestInfo) -> web.Response:
     if rest.draining:
         raise HttpError("servex is shutting down", "UNAVAILABLE", 400)
-    if not rest.core.manager.available_models():
-        raise HttpError("no model is available yet", "UNAVAILABLE", 400)
+    if not rest.core.ready():
+        raise HttpError("not ready: the models to serve at start are loading, or none is available", "UNAVAILABLE",
+                        400)  # fmt: skip
     return json_response(_READY)
 
 
@@ -281,7 +281,7 @@ async def infer(rest: Rest, request: web.Request, call: Call, info: RequestInfo)
     started = time.perf_counter()
     outputs = v2_types.classified(result.outputs, classes)
     reply: dict[str, Any] = {"model_name": result.model_name, "model_version": str(result.version)}
-    if request_id is not None:
+    if request_id:  # an empty id is not echoed, as Triton leaves it out
         reply["id"] = request_id
     chunks: list = []
 
@@ -351,7 +351,9 @@ def _parameters(doc: Any, info: RequestInfo) -> tuple[Any, str, bool, dict[str, 
             classes[name] = v2_types.classification_count(count, name)
         if v2_types.SHARED_MEMORY_REGION in out_params:
             places[name] = _place(out_params, f"outputs[{i}].parameters", f"output {name!r}")
-        filters[name] = _boolean(out_params.get("binary_data", binary_output), f"outputs[{i}].parameters.binary_data")
+        # A named output is JSON unless it asks for binary itself: binary_data_output covers the outputs the
+        # request does not name (Triton's rule).
+        filters[name] = _boolean(out_params.get("binary_data", False), f"outputs[{i}].parameters.binary_data")
     return request_id, signature, binary_output, filters, classes, places
 
 

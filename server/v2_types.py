@@ -20,6 +20,16 @@ from loader.errors import FailedPrecondition, InvalidArgument
 from server.tensors import MAX_DIMS, check_shape, extend_in_chunks
 
 BYTES = "BYTES"
+# What ServerMetadata lists (gRPC and REST alike, as Triton lists one set for both): the extensions the main port
+# serves. The model repository extension is on the admin port, which lists it alone.
+EXTENSIONS = (
+    "classification",
+    "model_configuration",
+    "system_shared_memory",
+    "binary_tensor_data",
+    "parameters",
+    "statistics",
+)
 
 # v2 datatype -> NumPy dtype (BYTES -> object)
 DTYPES: dict[str, np.dtype] = {

@@ -138,7 +138,9 @@ def test_server_live_ready_and_metadata(client):
     meta = client.get_server_metadata()
     assert meta.name == "servex"
     assert meta.version
-    assert {"parameters", "classification", "system_shared_memory"} <= set(meta.extensions)
+    # the extensions served, named as Triton names them (the same list as REST's)
+    assert list(meta.extensions) == ["classification", "model_configuration", "system_shared_memory",
+                                     "binary_tensor_data", "parameters", "statistics"]  # fmt: skip
     assert "model_repository" not in meta.extensions  # served on the admin port, which lists it
 
 
@@ -147,6 +149,10 @@ def test_model_ready(client):
     assert client.is_model_ready("tf2", "123")
     assert not client.is_model_ready("tf2", "7")
     assert not client.is_model_ready("no_such_model")
+
+
+def test_model_ready_without_a_name_is_not_ready_as_triton_answers(stub):
+    assert stub.ModelReady(service_pb2.ModelReadyRequest(name=""), timeout=10).ready is False
 
 
 def test_model_ready_with_a_version_that_is_not_a_number(stub):
@@ -349,7 +355,11 @@ BAD_REQUESTS = {
     "wrong field": (fp32_request(datatype="INT32"), "INVALID_ARGUMENT", "takes its values in int_contents"),
     "output": (_output(fp32_request(), "z"), "INVALID_ARGUMENT", "outputs names unknown output(s) ['z']; outputs"),
     "version": (_version(fp32_request(), "v1"), "INVALID_ARGUMENT", "'v1' is not a version number"),
-    "unknown version": (_version(fp32_request(), "99"), "NOT_FOUND", "has no version 99"),
+    "unknown version": (
+        _version(fp32_request(), "99"),
+        "NOT_FOUND",
+        "Request for unknown model: 'tf1' version 99 is not found; model 'tf1' has no version 99",
+    ),
     "unknown model": (fp32_request(model="nope"), "NOT_FOUND", "'nope' is not served"),
     "no model": (fp32_request(model=""), "INVALID_ARGUMENT", "model_name is empty"),
     "unknown input": (fp32_request(name="q"), "INVALID_ARGUMENT", "unknown input(s) ['q']"),
@@ -408,7 +418,7 @@ def test_stream_answers_in_order_and_survives_an_error(client):
         client.stop_stream()
     (r1, e1), (r2, e2), (r3, e3), (r4, e4) = got
     assert e1 is None and r1.as_numpy("y").ravel().tolist() == [2.5] and r1.get_response().id == "1.0"
-    assert r2 is None and "NOT_FOUND" in str(e2) and "'nope' is not served" in str(e2)
+    assert r2 is None and str(e2).startswith("Request for unknown model: 'nope' is not served")  # Triton's words
     assert e3 is None and r3.as_numpy("y").ravel().tolist() == [3.5]
     assert e4 is None and r4.as_numpy("y").ravel().tolist() == [4.0]
 
@@ -428,7 +438,8 @@ def test_stream_answers_are_final_and_failed_ones_name_their_request(client, stu
     requests[0].id, requests[1].id = "ok-1", "bad-2"
     good, bad = list(stub.ModelStreamInfer(iter(requests), timeout=30))
     assert good.infer_response.id == "ok-1" and good.infer_response.parameters["triton_final_response"].bool_param
-    assert bad.error_message.startswith("NOT_FOUND: Request for unknown model: 'nope' is not served")
+    # the message alone, as Triton answers it (clients look for "Request for unknown model")
+    assert bad.error_message.startswith("Request for unknown model: 'nope' is not served")
     assert (bad.infer_response.id, bad.infer_response.model_name) == ("bad-2", "nope")
     assert bad.infer_response.parameters["triton_final_response"].bool_param
 

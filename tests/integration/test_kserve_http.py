@@ -80,7 +80,10 @@ def test_health(client):
 
 def test_metadata(client):
     server = client.get_server_metadata()
-    assert server["name"] == "servex" and {"binary_tensor_data", "classification"} <= set(server["extensions"])
+    assert server["name"] == "servex" and server["extensions"] == [
+        "classification", "model_configuration", "system_shared_memory", "binary_tensor_data", "parameters",
+        "statistics",
+    ]  # fmt: skip
     assert client.get_model_metadata("mlp") == {
         "name": "mlp",
         "versions": ["1"],
@@ -180,6 +183,23 @@ def test_no_outputs_named_answers_all_binary(client):
     result = client.infer("hp2", [tensor("x", np.array([[1.0], [3.0]], np.float32), "FP32", binary=False)])
     assert result.get_output("y")["parameters"]["binary_data_size"] == 8
     np.testing.assert_array_equal(result.as_numpy("y"), [[2.5], [3.5]])
+
+
+def test_binary_data_output_covers_the_outputs_the_request_does_not_name(daemon):
+    """Triton's rule: a named output is JSON unless it asks for binary itself."""
+    x = {"name": "x", "shape": [1, 1], "datatype": "FP32", "data": [2.0]}
+    for outputs, binary in (([{"name": "y"}], False), ([{"name": "y", "parameters": {"binary_data": True}}], True),
+                            ([], True)):  # fmt: skip
+        body = json.dumps({"inputs": [x], "outputs": outputs, "parameters": {"binary_data_output": True}}).encode()
+        request = urllib.request.Request(daemon.rest_url + "/v2/models/hp2/infer", data=body, method="POST")
+        with urllib.request.urlopen(request, timeout=30) as response:
+            raw, header = response.read(), response.headers.get("Inference-Header-Content-Length")
+        if binary:
+            head = json.loads(raw[: int(header)])
+            assert head["outputs"][0]["parameters"]["binary_data_size"] == 4 and raw[int(header) :] == b"\x00\x00@@"
+        else:
+            assert header is None and json.loads(raw)["outputs"][0]["data"] == [3.0], outputs
+        assert "id" not in json.loads(raw[: int(header)] if header else raw)  # no id asked: none echoed
 
 
 def test_request_id_and_priority(client, daemon):

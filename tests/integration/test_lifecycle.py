@@ -372,3 +372,49 @@ def test_config_file_is_re_read(start_daemon, tmp_path):
     assert _serves(daemon, "three")
     config.write_text("model_config_list {}")  # an empty list unloads every model
     wait_for(lambda: not _serves(daemon, "three"), what="the empty list")
+
+
+def test_the_server_is_ready_only_once_the_start_up_models_are_in(tmp_path, slow_model):
+    """KServe v2 ServerReady and /v2/health/ready say what gRPC health says: not ready while a model of the start-up
+    config still loads (here: warms up for seconds), though another one already serves and is ready itself."""
+    import tritonclient.grpc as triton
+    from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
+
+    from tests.loader.test_warmup_records import write_warmup_file
+
+    slow = tmp_path / "slow"
+    shutil.copytree(slow_model, slow)
+    record = prediction_log_pb2.PredictionLog()
+    record.predict_log.request.CopyFrom(predict_pb2.PredictRequest())
+    record.predict_log.request.inputs["iterations"].CopyFrom(tf.make_tensor_proto(np.array(3_000_000, np.int64)))
+    write_warmup_file(slow / "1", [record.SerializeToString()])
+    config = tmp_path / "models.config"
+    config.write_text(
+        f"""model_config_list {{
+  config {{ name: "fast" base_path: "{HALF_PLUS_TWO_TF1}" model_platform: "tensorflow" }}
+  config {{ name: "slow" base_path: "{slow}" model_platform: "tensorflow" }}
+}}"""
+    )
+    daemon = Daemon([f"--model_config_file={config}"], tmp_path, rest=True)
+    client = triton.InferenceServerClient(daemon.address)
+
+    def rest_ok(path: str) -> bool:
+        try:
+            with urllib.request.urlopen(daemon.rest_url + path, timeout=20) as reply:
+                return reply.status == 200
+        except OSError:  # not listening yet, refused (4xx), or slow: not ready
+            return False
+
+    try:
+        seen, deadline = [], time.monotonic() + 120
+        while time.monotonic() < deadline and not rest_ok("/v2/health/ready"):
+            if rest_ok("/v2/models/fast/ready") and not rest_ok("/v2/models/slow/ready"):
+                seen.append(client.is_server_ready())
+            time.sleep(0.05)
+        assert seen and not any(seen), f"fast never seen serving alone while slow warmed up, or ready said: {seen}"
+        daemon.wait_serving()
+        assert client.is_server_ready() and rest_ok("/v2/health/ready")
+        assert rest_ok("/v2/models/slow/ready")
+    finally:
+        client.close()
+        daemon.stop()

@@ -159,10 +159,16 @@ def test_parameters_priority_timeout_and_outputs():
     doc = {
         "id": "r",
         "parameters": {"priority": 9, "timeout": 5_000_000, "binary_data_output": True},
-        "outputs": [{"name": "a"}, {"name": "b", "parameters": {"binary_data": False, "classification": 3}}],
+        "outputs": [
+            {"name": "a"},
+            {"name": "b", "parameters": {"binary_data": False, "classification": 3}},
+            {"name": "c", "parameters": {"binary_data": True}},
+        ],
     }
     request_id, signature, binary, filters, classes, places = rest_v2._parameters(doc, info)
-    assert (request_id, signature, binary, filters) == ("r", "", True, {"a": True, "b": False})
+    # Triton's rule: binary_data_output covers the outputs the request does not name; a named one is JSON unless it
+    # asks for binary itself.
+    assert (request_id, signature, binary, filters) == ("r", "", True, {"a": False, "b": False, "c": True})
     assert classes == {"b": 3} and places == {}
     assert info.priority == 9 and info.deadline is not None
     with pytest.raises(InvalidArgument, match="priority must be an integer"):
