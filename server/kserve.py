@@ -43,6 +43,9 @@ ADMIN_EXTENSIONS = ("model_repository",)
 PRIORITY = "priority"
 TIMEOUT = "timeout"
 FINAL_RESPONSE = "triton_final_response"  # a stream answer's parameter: the request's last answer
+# Requests of one ModelStreamInfer stream running at once; beyond, the stream's next request is read once the
+# oldest one's answer is sent. As many as the callers a batch serves (max_batch_size's default).
+STREAM_WINDOW = 32
 GRPC_ERROR_METADATA = "triton_grpc_error"  # "true": a stream's first error ends it with its gRPC status
 BASE_PATH = "base_path"
 # ModelManager states -> the v2 repository index's
@@ -198,47 +201,81 @@ class KServeService(_ServerCalls, _ModelCalls, pb_grpc.GRPCInferenceServiceServi
         """Each request is answered in order, its answer marked final (``triton_final_response``, as Triton marks
         a model's last answer to a request: servex gives one per request). A failed one answers ``error_message``
         (the message alone, as Triton's) with the request's id and model, and the stream goes on; with Triton's
-        ``triton_grpc_error: true`` metadata the error ends the stream with its gRPC status instead."""
+        ``triton_grpc_error: true`` metadata the error ends the stream with its gRPC status instead.
+
+        Requests run as they arrive, up to STREAM_WINDOW of one stream at once (so they queue, and batch, as
+        separate calls do), while their answers go back in request order."""
         grpc_errors = any(key == GRPC_ERROR_METADATA and str(value).lower() == "true"
                           for key, value in context.invocation_metadata() or ())  # fmt: skip
-        async for request in request_iterator:
-            start = time.perf_counter()
-            code = "OK"
-            info = RequestInfo()
-            deadline = None
-            error = None
+        window = asyncio.Semaphore(STREAM_WINDOW)
+        started: asyncio.Queue = asyncio.Queue()  # the requests' tasks in arrival order, then None
+        ended: list[BaseException] = []  # what ended the reading of requests, if not their end
+
+        async def read() -> None:
             try:
-                if type(request) is Malformed:
-                    raise InvalidArgument(request.message)
-                info = request_info(context)
-                deadline = info.deadline  # the stream's own (a request parameter may shorten info's for the queue)
-                REQUEST.set(info)
-                answer = pb.ModelStreamInferResponse(infer_response=await self._infer(request))
-                answer.infer_response.parameters[FINAL_RESPONSE].bool_param = True  # before the size check
-                limit = self.max_tensor_bytes
-                if limit is not None and (info.answer_bytes is None or info.answer_bytes > limit):
-                    check_answer_size(answer, limit, "ModelStreamInfer")
-            except ServingError as e:
-                code, error = e.code, e
-            except asyncio.CancelledError:  # gRPC ended the stream: its deadline passed, or the client cancelled
-                code = ended_code(deadline)
+                async for request in request_iterator:
+                    await window.acquire()
+                    started.put_nowait(asyncio.ensure_future(self._stream_one(request, context)))
+            except asyncio.CancelledError:
                 raise
-            except Exception as e:  # one bad request must not end the stream
-                code = "INTERNAL"
-                log.exception("ModelStreamInfer failed")
-                error = ServingError(f"{type(e).__name__}: {e}")
-            finally:
-                record(self.core, "ModelStreamInfer", model_name(request), info, code, start)
-            if error is not None:
-                if grpc_errors:
-                    await abort(context, getattr(grpc.StatusCode, error.code), bounded(error.message))
-                answer = pb.ModelStreamInferResponse(error_message=error.message)  # as Triton: the message alone
-                if type(request) is not Malformed:  # which request failed
-                    failed = answer.infer_response
-                    failed.id, failed.model_name, failed.model_version = (
-                        request.id, request.model_name, request.model_version)  # fmt: skip
-                answer.infer_response.parameters[FINAL_RESPONSE].bool_param = True
-            yield answer
+            except BaseException as e:  # the stream broke: answer what came, then end as it ended
+                ended.append(e)
+            started.put_nowait(None)
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while (task := await started.get()) is not None:
+                request, answer, error = await task
+                window.release()
+                if error is not None:
+                    if grpc_errors:
+                        await abort(context, getattr(grpc.StatusCode, error.code), bounded(error.message))
+                    answer = pb.ModelStreamInferResponse(error_message=error.message)  # as Triton: the message alone
+                    if type(request) is not Malformed:  # which request failed
+                        failed = answer.infer_response
+                        failed.id, failed.model_name, failed.model_version = (
+                            request.id, request.model_name, request.model_version)  # fmt: skip
+                    answer.infer_response.parameters[FINAL_RESPONSE].bool_param = True
+                yield answer
+            if ended:
+                raise ended[0]
+        finally:
+            reader.cancel()
+            while not started.empty():
+                task = started.get_nowait()
+                if task is not None:
+                    task.cancel()
+
+    async def _stream_one(self, request, context) -> tuple:
+        """One request of a stream: (the request, its answer or None, its ServingError or None)."""
+        start = time.perf_counter()
+        code = "OK"
+        info = RequestInfo()
+        deadline = None
+        error = answer = None
+        try:
+            if type(request) is Malformed:
+                raise InvalidArgument(request.message)
+            info = request_info(context)
+            deadline = info.deadline  # the stream's own (a request parameter may shorten info's for the queue)
+            REQUEST.set(info)  # this task's own context: each request has its own
+            answer = pb.ModelStreamInferResponse(infer_response=await self._infer(request))
+            answer.infer_response.parameters[FINAL_RESPONSE].bool_param = True  # before the size check
+            limit = self.max_tensor_bytes
+            if limit is not None and (info.answer_bytes is None or info.answer_bytes > limit):
+                check_answer_size(answer, limit, "ModelStreamInfer")
+        except ServingError as e:
+            code, error = e.code, e
+        except asyncio.CancelledError:  # gRPC ended the stream: its deadline passed, or the client cancelled
+            code = ended_code(deadline)
+            raise
+        except Exception as e:  # one bad request must not end the stream
+            code = "INTERNAL"
+            log.exception("ModelStreamInfer failed")
+            error = ServingError(f"{type(e).__name__}: {e}")
+        finally:
+            record(self.core, "ModelStreamInfer", model_name(request), info, code, start)
+        return request, answer, error
 
     ModelStreamInfer.parses_malformed = True
 

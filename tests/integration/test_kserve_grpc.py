@@ -552,3 +552,23 @@ def test_repository_index_load_and_unload(served, client, models):
         assert "'broken'" in error.details() and "/nonexistent/folder" in error.details()
         admin.unload_model("broken")
         assert client.is_server_ready() and client.is_model_ready("mlp")
+
+
+def test_a_stream_s_requests_run_together_and_batch_their_answers_in_order(start_daemon, tmp_path, slow_model):
+    """The requests of one stream queue as separate calls do: behind a slow one holding the only worker, the next
+    ones wait together and run as batches; every answer is still its own, in request order."""
+    config = model_config_file(tmp_path, {"slow": slow_model, "hp": HALF_PLUS_TWO_TF1})
+    daemon = start_daemon(f"--model_config_file={config}", "--enable_batching", "--num_run_workers=1")
+    slow = service_pb2.ModelInferRequest(model_name="slow", id="slow")
+    slow.inputs.add(name="iterations", datatype="INT64", shape=[]).contents.int64_contents.append(600_000)
+    requests = [slow] + [fp32_request(model="hp", values=(float(i),)) for i in range(16)]
+    for i, request in enumerate(requests[1:]):
+        request.id = f"hp-{i}"
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(daemon.channel)
+    answers = list(stub.ModelStreamInfer(iter(requests), timeout=60))
+    assert [a.error_message for a in answers] == [""] * len(requests)
+    assert [a.infer_response.id for a in answers] == [r.id for r in requests]
+    ys = [np.frombuffer(a.infer_response.raw_output_contents[0], np.float32)[0] for a in answers[1:]]
+    assert ys == [0.5 * i + 2 for i in range(16)]
+    assert metric(daemon, "servex_batch_size_count", model="hp") == 16
+    assert metric(daemon, "servex_batch_size_sum", model="hp") > 16  # batched: sequential requests never batch

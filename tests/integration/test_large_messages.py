@@ -73,7 +73,7 @@ def test_an_oversized_answer_in_a_stream_is_that_request_s_error_and_the_stream_
             client.stop_stream()
     (r0, e0), (r1, e1), (r2, e2) = got
     assert e0 is None and r0.as_numpy("length").tolist() == [2, 1]
-    assert r1 is None and "RESOURCE_EXHAUSTED" in str(e1) and "the answer to ModelStreamInfer is" in str(e1)
+    assert r1 is None and str(e1).startswith("the answer to ModelStreamInfer is")  # as Triton: the message alone
     assert e2 is None and r2.as_numpy("upper").tolist() == [b"AB", b"C"]
 
 

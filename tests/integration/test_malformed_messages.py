@@ -63,5 +63,5 @@ def test_a_message_that_does_not_parse_in_a_stream_is_that_request_s_error(daemo
         replies.put(service_pb2.ModelStreamInferResponse.FromString(reply))
     first, bad, last = (replies.get_nowait() for _ in range(3))
     assert not first.error_message and np.frombuffer(first.infer_response.raw_output_contents[0], np.float32) == 3.0
-    assert bad.error_message.startswith("INVALID_ARGUMENT: the request is not a valid inference.ModelInferRequest")
+    assert bad.error_message.startswith("the request is not a valid inference.ModelInferRequest")  # as Triton: no code
     assert not last.error_message
