@@ -339,6 +339,7 @@ async def serve(settings: ServerSettings) -> int:
         run_handler.close()
         return 1
     core = ServingCore(manager, run_handler, settings.pin_signature_graphs, settings.max_message_bytes)
+    core.log_settings.process_group_size = settings.process_group_size
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
         PredictionService(core, settings.tensor_content_outputs, settings.max_message_bytes), server
     )

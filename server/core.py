@@ -24,6 +24,7 @@ from loader.manager import ModelManager, ServedVersion
 from loader.saved_model import Signature, TensorSpec, shape_matches, shape_text
 from server.shared_memory import SharedMemoryRegistry
 from server.tensors import dtype_name
+from server.v2_settings import LogSettings
 
 DEFAULT_SIGNATURE = "serving_default"
 MAX_GRAPH_LABELS = 64  # distinct graph-name metric labels per model
@@ -135,6 +136,7 @@ class ServingCore:
         self._graph_labels: dict[str, set[str]] = {}
         # Set once the models of the start-up config have loaded (or failed): the ports serve before that.
         self.started = False
+        self.log_settings = LogSettings()  # Triton's log settings, every protocol's (the app sets the group size)
 
     def ready(self) -> bool:
         """The server's readiness (KServe v2 ServerReady, /v2/health/ready): the start-up loads are over, as gRPC

@@ -28,7 +28,7 @@ from loader.errors import FailedPrecondition, InvalidArgument, NotFound, Serving
 from loader.manager import AVAILABLE, END, LOADING, UNLOADING
 from protos.inference import grpc_service_pb2 as pb
 from protos.inference import grpc_service_pb2_grpc as pb_grpc
-from server import tensors, v2_config, v2_stats, v2_types
+from server import tensors, v2_config, v2_settings, v2_stats, v2_types
 from server.core import DEFAULT_SIGNATURE, REQUEST, RequestInfo, ServingCore, checked_priority
 from server.rpc import Malformed, abort, bounded, check_answer_size, ended_code, model_name, record, request_info, rpc
 from server.shared_memory import NO_CUDA_MEMORY
@@ -312,6 +312,28 @@ class KServeService(_ServerCalls, _ModelCalls, pb_grpc.GRPCInferenceServiceServi
     @rpc
     async def CudaSharedMemoryUnregister(self, request, context):
         return pb.CudaSharedMemoryUnregisterResponse()
+
+    @rpc
+    async def LogSettings(self, request, context):
+        changes = {}
+        for key, value in request.settings.items():
+            choice = value.WhichOneof("parameter_choice")
+            if choice is None:
+                raise InvalidArgument(f"log setting {key!r} has no value: set bool_param, uint32_param or string_param")
+            changes[key] = getattr(value, choice)
+        response = pb.LogSettingsResponse()
+        for key, value in self.core.log_settings.update(changes).items():
+            field = {bool: "bool_param", int: "uint32_param", str: "string_param"}[type(value)]
+            setattr(response.settings[key], field, value)
+        return response
+
+    @rpc
+    async def TraceSetting(self, request, context):
+        changes = {key: list(value.value) for key, value in request.settings.items()}
+        response = pb.TraceSettingResponse()
+        for key, values in v2_settings.trace_settings(self.core, request.model_name, changes).items():
+            response.settings[key].value.extend(values)
+        return response
 
     # The repository extension lives on the admin port; here it says where to find it.
     @rpc

@@ -35,7 +35,7 @@ from aiohttp import web
 
 from loader.errors import FailedPrecondition, InvalidArgument, NotFound, ServingError, Unimplemented
 from server import rest_codec as codec
-from server import v2_config, v2_stats, v2_types
+from server import v2_config, v2_settings, v2_stats, v2_types
 from server.core import DEFAULT_SIGNATURE, RequestInfo, checked_priority
 from server.rest import Call, HttpError, Rest, accepts_compression, json_response, offload, payload_bytes
 from server.shared_memory import NO_CUDA_MEMORY
@@ -71,6 +71,11 @@ def add_routes(app: web.Application, rest: Rest) -> None:
         route("GET", base + "/status", "rest:v2_cuda_shared_memory", cuda_shared_memory_status)
         route("POST", base + "/unregister", "rest:v2_cuda_shared_memory", cuda_shared_memory_unregister)
     route("*", "/v2/cudasharedmemory{tail:.*}", "rest:v2_cuda_shared_memory", cuda_shared_memory)
+    route("GET", "/v2/logging", "rest:v2_logging", logging_settings)
+    route("POST", "/v2/logging", "rest:v2_logging", logging_settings)
+    for base in ("/v2/trace/setting", "/v2/models/{name}/trace/setting"):
+        route("GET", base, "rest:v2_trace_setting", trace_setting)
+        route("POST", base, "rest:v2_trace_setting", trace_setting)
     route("POST", "/v2/repository/index", "rest:v2_repository", repository)
     route("POST", "/v2/repository/models/{name}/{action:load|unload}", "rest:v2_repository", repository)
 
@@ -132,6 +137,26 @@ async def shared_memory_register(rest: Rest, request: web.Request, call: Call, i
 async def shared_memory_unregister(rest: Rest, request: web.Request, call: Call, info: RequestInfo) -> web.Response:
     rest.core.shared_memory.unregister(request.match_info.get("region", ""))
     return web.Response(status=200)
+
+
+async def logging_settings(rest: Rest, request: web.Request, call: Call, info: RequestInfo) -> web.Response:
+    """Triton's log settings: GET reads them, POST changes those its JSON object names (server/v2_settings.py)."""
+    changes = {}
+    if request.method == "POST":
+        body = await rest.body(request, json=True)
+        changes = _dict(codec.parse(memoryview(body), "log settings JSON"), "the request")
+    return json_response(codec.dumps(rest.core.log_settings.update(changes)))
+
+
+async def trace_setting(rest: Rest, request: web.Request, call: Call, info: RequestInfo) -> web.Response:
+    """Triton's trace settings: servex traces no requests (trace_level ["OFF"]); a POST asking for tracing is 501."""
+    changes: dict[str, list[str]] = {}
+    if request.method == "POST":
+        doc = _dict(codec.parse(memoryview(await rest.body(request, json=True)), "trace settings JSON"), "the request")
+        for key, value in doc.items():  # a string, a list of strings, or null (clear the setting)
+            changes[key] = [] if value is None else [str(v) for v in value] if isinstance(value, list) else [str(value)]
+    settings = v2_settings.trace_settings(rest.core, request.match_info.get("name", ""), changes)
+    return json_response(codec.dumps(settings))
 
 
 async def cuda_shared_memory(rest: Rest, request: web.Request, call: Call, info: RequestInfo) -> web.Response:

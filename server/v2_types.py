@@ -29,6 +29,7 @@ EXTENSIONS = (
     "binary_tensor_data",
     "parameters",
     "statistics",
+    "logging",
 )
 
 # v2 datatype -> NumPy dtype (BYTES -> object)

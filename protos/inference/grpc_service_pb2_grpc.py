@@ -109,6 +109,16 @@ class GRPCInferenceServiceStub:
                 request_serializer=protos_dot_inference_dot_grpc__service__pb2.CudaSharedMemoryUnregisterRequest.SerializeToString,
                 response_deserializer=protos_dot_inference_dot_grpc__service__pb2.CudaSharedMemoryUnregisterResponse.FromString,
                 _registered_method=True)
+        self.TraceSetting = channel.unary_unary(
+                '/inference.GRPCInferenceService/TraceSetting',
+                request_serializer=protos_dot_inference_dot_grpc__service__pb2.TraceSettingRequest.SerializeToString,
+                response_deserializer=protos_dot_inference_dot_grpc__service__pb2.TraceSettingResponse.FromString,
+                _registered_method=True)
+        self.LogSettings = channel.unary_unary(
+                '/inference.GRPCInferenceService/LogSettings',
+                request_serializer=protos_dot_inference_dot_grpc__service__pb2.LogSettingsRequest.SerializeToString,
+                response_deserializer=protos_dot_inference_dot_grpc__service__pb2.LogSettingsResponse.FromString,
+                _registered_method=True)
         self.RepositoryIndex = channel.unary_unary(
                 '/inference.GRPCInferenceService/RepositoryIndex',
                 request_serializer=protos_dot_inference_dot_grpc__service__pb2.RepositoryIndexRequest.SerializeToString,
@@ -193,8 +203,7 @@ class GRPCInferenceServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def SystemSharedMemoryStatus(self, request, context):
-        """The models of the repository and their versions' states (admin port only).
-        Triton's system shared memory extension (server/shared_memory.py); CUDA shared memory answers UNIMPLEMENTED.
+        """Triton's system shared memory extension (server/shared_memory.py); CUDA shared memory answers UNIMPLEMENTED.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -230,8 +239,23 @@ class GRPCInferenceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def TraceSetting(self, request, context):
+        """Triton's trace settings: servex traces no requests (trace_level OFF); asking for tracing is UNIMPLEMENTED.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LogSettings(self, request, context):
+        """Triton's log settings: which severities servex logs (server/log_settings.py), read and changed at run time.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def RepositoryIndex(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """The models of the repository and their versions' states (admin port only).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -327,6 +351,16 @@ def add_GRPCInferenceServiceServicer_to_server(servicer, server):
                     servicer.CudaSharedMemoryUnregister,
                     request_deserializer=protos_dot_inference_dot_grpc__service__pb2.CudaSharedMemoryUnregisterRequest.FromString,
                     response_serializer=protos_dot_inference_dot_grpc__service__pb2.CudaSharedMemoryUnregisterResponse.SerializeToString,
+            ),
+            'TraceSetting': grpc.unary_unary_rpc_method_handler(
+                    servicer.TraceSetting,
+                    request_deserializer=protos_dot_inference_dot_grpc__service__pb2.TraceSettingRequest.FromString,
+                    response_serializer=protos_dot_inference_dot_grpc__service__pb2.TraceSettingResponse.SerializeToString,
+            ),
+            'LogSettings': grpc.unary_unary_rpc_method_handler(
+                    servicer.LogSettings,
+                    request_deserializer=protos_dot_inference_dot_grpc__service__pb2.LogSettingsRequest.FromString,
+                    response_serializer=protos_dot_inference_dot_grpc__service__pb2.LogSettingsResponse.SerializeToString,
             ),
             'RepositoryIndex': grpc.unary_unary_rpc_method_handler(
                     servicer.RepositoryIndex,
@@ -749,6 +783,60 @@ class GRPCInferenceService:
             '/inference.GRPCInferenceService/CudaSharedMemoryUnregister',
             protos_dot_inference_dot_grpc__service__pb2.CudaSharedMemoryUnregisterRequest.SerializeToString,
             protos_dot_inference_dot_grpc__service__pb2.CudaSharedMemoryUnregisterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TraceSetting(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.GRPCInferenceService/TraceSetting',
+            protos_dot_inference_dot_grpc__service__pb2.TraceSettingRequest.SerializeToString,
+            protos_dot_inference_dot_grpc__service__pb2.TraceSettingResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LogSettings(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.GRPCInferenceService/LogSettings',
+            protos_dot_inference_dot_grpc__service__pb2.LogSettingsRequest.SerializeToString,
+            protos_dot_inference_dot_grpc__service__pb2.LogSettingsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -82,7 +82,7 @@ def test_metadata(client):
     server = client.get_server_metadata()
     assert server["name"] == "servex" and server["extensions"] == [
         "classification", "model_configuration", "system_shared_memory", "binary_tensor_data", "parameters",
-        "statistics",
+        "statistics", "logging",
     ]  # fmt: skip
     assert client.get_model_metadata("mlp") == {
         "name": "mlp",

@@ -100,7 +100,8 @@ def test_inference_proto_is_wire_compatible_with_tritonclient():
         "ModelInfer",
         "ModelStreamInfer", "RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload",
         "SystemSharedMemoryStatus", "SystemSharedMemoryRegister", "SystemSharedMemoryUnregister",
-        "CudaSharedMemoryStatus", "CudaSharedMemoryRegister", "CudaSharedMemoryUnregister",
+        "CudaSharedMemoryStatus", "CudaSharedMemoryRegister", "CudaSharedMemoryUnregister", "TraceSetting",
+        "LogSettings",
     }  # fmt: skip
     for name, signature in servex["methods"].items():
         method = triton_service.methods_by_name[name]
