@@ -7,5 +7,6 @@ PredictionService and ModelService, KServe v2 / Triton, servex.v1, health, refle
 /metrics endpoint and shutdown. Protocol adapters (server/tfserving.py,
 server/kserve.py, server/rest_*.py) are thin: they decode tensors (server/tensors.py, server/v2_types.py; Triton's
 shared memory regions in server/shared_memory.py; Triton's log and trace settings in server/v2_settings.py) and
-call the one ServingCore (server/core.py), which hands runs to `executor/`. server/warmup.py replays a version's warm-up records through that core before it serves.
+call the one ServingCore (server/core.py), which hands runs to `executor/`. server/warmup.py replays a version's
+warm-up records through that core before it serves.
 """

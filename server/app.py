@@ -242,9 +242,17 @@ class Lifecycle:
         self.settings = settings
         self._known: set[str] = set()
         self.specs: list[ModelSpec] = []  # the config last applied (the KServe v2 repository edits it)
+        # One config change at a time (reloads, the config file's polls, the repository extension), so that specs
+        # is always the config the manager serves.
+        self.lock = asyncio.Lock()
 
     async def apply(self, specs: list[ModelSpec]) -> list[str]:
         """Serve ``specs``; the problems. Raises (FailedPrecondition) for a config refused whole, nothing changed."""
+        async with self.lock:
+            return await self.apply_held(specs)
+
+    async def apply_held(self, specs: list[ModelSpec]) -> list[str]:
+        """``apply``, for a caller holding ``lock`` (the repository extension edits ``specs`` under it)."""
         previous, self.specs = self.specs, list(specs)
         try:
             problems = await asyncio.get_running_loop().run_in_executor(None, self.manager.apply_config, specs)
@@ -284,15 +292,17 @@ class Lifecycle:
             except (OSError, InvalidArgument) as e:
                 log.error("model config file %r not applied, the current models stay: %s", path, e)
                 continue
-            text = new_text
             log.info("model config file %r changed: applying", path)
             try:
                 for problem in await self.apply(specs):
                     log.error("%s", problem)
-            except ServingError as e:  # refused whole: the models stay as they were
+            except ServingError as e:  # refused whole: the models stay as they were; tried again at the next poll,
+                # as TensorFlow Serving re-applies the file each time (a label moved to a version still to come)
                 log.error("model config file %r not applied, the current models stay: %s", path, e)
+                continue
             except Exception:  # keep watching the file
                 log.exception("applying model config file %r failed", path)
+            text = new_text
 
 
 async def serve(settings: ServerSettings) -> int:

@@ -407,7 +407,7 @@ def parse_settings(argv: list[str] | None = None) -> Parsed:
             affinity.resolve(args.event_loop_cpu)
         except ValueError as e:
             build_parser().error(str(e))
-    if args.num_request_iterations_for_warmup < 1:
+    if args.num_request_iterations_for_warmup < 1 and not args.platform_config_file:  # else ignored (noted)
         build_parser().error(
             f"--num_request_iterations_for_warmup must be at least 1, got {args.num_request_iterations_for_warmup}"
         )
@@ -434,7 +434,7 @@ def parse_settings(argv: list[str] | None = None) -> Parsed:
         args.tensorflow_session_config_file, args.tensorflow_session_parallelism = "", 0
         args.tensorflow_intra_op_parallelism = args.tensorflow_inter_op_parallelism = None
         args.per_process_gpu_memory_fraction = 0.0  # the file's session_config has its own
-        args.saved_model_tags = ",".join(platform.saved_model_tags)
+        args.saved_model_tags = ""  # the file's, as it names them (below)
         args.enable_batching, args.batching_parameters_file = platform.enable_batching, ""
         args.enable_per_model_batching_parameters = platform.enable_per_model_batching_params
         args.enable_model_warmup = platform.enable_model_warmup
@@ -457,6 +457,8 @@ def parse_settings(argv: list[str] | None = None) -> Parsed:
     if not 0 <= gpu_fraction <= 1:
         fail(f"--per_process_gpu_memory_fraction must be from 0 to 1, got {gpu_fraction}")
     tags = tuple(t.strip() for t in args.saved_model_tags.split(",") if t.strip())
+    if platform is not None:
+        tags = platform.saved_model_tags
     if not tags:
         fail(f"--saved_model_tags names no tag: {args.saved_model_tags!r}")
     prometheus_path = (

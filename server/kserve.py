@@ -220,7 +220,8 @@ class KServeService(_ServerCalls, _ModelCalls, pb_grpc.GRPCInferenceServiceServi
                 raise
             except BaseException as e:  # the stream broke: answer what came, then end as it ended
                 ended.append(e)
-            started.put_nowait(None)
+            finally:
+                started.put_nowait(None)  # whatever ended the reading (the queue is unbounded)
 
         reader = asyncio.ensure_future(read())
         try:
@@ -367,8 +368,7 @@ class RepositoryService(_ServerCalls, _ModelCalls, pb_grpc.GRPCInferenceServiceS
     def __init__(self, core: ServingCore, lifecycle):
         self.core = core
         self.lifecycle = lifecycle
-        self.unloaded: dict[str, ModelSpec] = {}  # models unloaded here, loadable again by name
-        self._lock = asyncio.Lock()
+        self.unloaded: dict[str, ModelSpec] = {}  # models unloaded here, loadable again by name (under lifecycle.lock)
 
     async def ModelStreamInfer(self, request_iterator, context):
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, _main_port_only("ModelStreamInfer").message)
@@ -410,7 +410,7 @@ class RepositoryService(_ServerCalls, _ModelCalls, pb_grpc.GRPCInferenceServiceS
             raise InvalidArgument(
                 f"failed to load {name!r}: parameter(s) {unsupported} are not supported; supported: [{BASE_PATH!r}]"
             )
-        async with self._lock:
+        async with self.lifecycle.lock:
             specs = {spec.name: spec for spec in self.lifecycle.specs}
             if BASE_PATH in request.parameters:
                 param = request.parameters[BASE_PATH]
@@ -428,7 +428,7 @@ class RepositoryService(_ServerCalls, _ModelCalls, pb_grpc.GRPCInferenceServiceS
                         f"send parameter {BASE_PATH!r} to load it from a folder of version folders"
                     )
             specs[name] = spec
-            problems = await self.lifecycle.apply(list(specs.values()))
+            problems = await self.lifecycle.apply_held(list(specs.values()))
             self.unloaded.pop(name, None)
         mine = [p for p in problems if p.startswith(f"model {name!r}")]
         if mine or name not in self.core.manager.available_models():
@@ -444,13 +444,13 @@ class RepositoryService(_ServerCalls, _ModelCalls, pb_grpc.GRPCInferenceServiceS
         name = request.model_name
         if not name:
             raise InvalidArgument("model_name is empty: name the model to unload")
-        async with self._lock:
+        async with self.lifecycle.lock:
             specs = {spec.name: spec for spec in self.lifecycle.specs}
             spec = specs.pop(name, None)
             if spec is None:
                 served = ", ".join(sorted(specs)) or "none"
                 raise NotFound(f"Request for unknown model: {name!r} is not served (served models: {served})")
-            await self.lifecycle.apply(list(specs.values()))
+            await self.lifecycle.apply_held(list(specs.values()))
             self.unloaded[name] = spec
         return pb.RepositoryModelUnloadResponse()
 

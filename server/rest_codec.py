@@ -377,7 +377,7 @@ def tf_serving_floats(array: np.ndarray) -> np.ndarray:
     are formatted one by one. Checked against ``tf_decimal`` on millions of values, random bit patterns included
     (tests/server/test_rest_codec.py)."""
     with np.errstate(invalid="ignore"):  # a signalling NaN stays a NaN
-        x = np.asarray(array, np.float32).astype(np.float64)
+        x = np.ascontiguousarray(np.asarray(array, np.float32), np.float64)  # C order: reshape(-1) below is a view
     if x.size < _VECTORIZED_FROM:
         flat = [tf_decimal(v) if math.isfinite(v) else v for v in x.reshape(-1).tolist()]
         return np.array(flat, np.float64).reshape(x.shape)

@@ -21,8 +21,8 @@ DEFAULT_PROMETHEUS_PATH = "/monitoring/prometheus/metrics"  # TensorFlow Serving
 # change nothing here; each one given is logged at start with the reason.
 NO_EFFECT_FLAGS = {
     "rest_api_num_threads": "REST is served by the event loop; runs go to the run workers (--num_run_workers)",
-    "allow_version_labels_for_unavailable_models": "servex always accepts a label on a version that is not "
-    "available, and says so",
+    "allow_version_labels_for_unavailable_models": "servex always accepts a new label on a version that is not "
+    "available, and says so (moving a label to one is refused, as in TensorFlow Serving)",
     "num_load_threads": "versions load one at a time, off the request path",
     "num_unload_threads": "versions unload off the request path, once their in-flight calls end",
     "flush_filesystem_caches": "servex does not flush file system caches",

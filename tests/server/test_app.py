@@ -102,3 +102,82 @@ def test_settle_heap_collects_start_up_garbage_then_freezes_what_survives():
     finally:
         gc.unfreeze()
     assert any(o is survivor for o in gc.get_objects())
+
+
+# -- Lifecycle: config changes -----------------------------------------------------------------------------
+
+
+class _Health:
+    async def set(self, name, status) -> None:
+        pass
+
+
+def _label_config(root, version: int) -> str:
+    return (
+        f'model_config_list {{ config {{ name: "a" base_path: "{root}/a" model_platform: "tensorflow" '
+        f'model_version_policy {{ all {{}} }} version_labels {{ key: "stable" value: {version} }} }} }}'
+    )
+
+
+def test_a_refused_config_file_is_tried_again_at_each_poll(tmp_path):
+    """A label moved to a version that is not served yet is refused; the file is read again at the next poll, as
+    TensorFlow Serving re-applies it, and takes once the version serves (it was never tried again)."""
+    import asyncio
+
+    from loader import ModelManager
+    from loader.config import parse_model_config
+    from server.app import Lifecycle
+
+    (tmp_path / "a" / "1").mkdir(parents=True)
+    config = tmp_path / "models.config"
+    config.write_text(_label_config(tmp_path, 1))
+    manager = ModelManager(lambda name, version, path: object())
+    settings = ServerSettings(model_config_file=str(config), model_config_file_poll_wait_seconds=0.05)
+    lifecycle = Lifecycle(manager, _Health(), settings)
+
+    async def scenario():
+        await lifecycle.apply(parse_model_config(config.read_text(), "config"))
+        poller = asyncio.ensure_future(lifecycle.poll_config(config.read_text()))
+        (tmp_path / "a" / "2").mkdir()
+        config.write_text(_label_config(tmp_path, 2))  # the new version folder and the label move, together
+        await asyncio.sleep(0.3)  # polled: version 2 is not served yet, refused
+        refused = manager.spec("a").labels
+        await asyncio.get_running_loop().run_in_executor(None, manager.poll)  # version 2 loads
+        await asyncio.sleep(0.3)
+        poller.cancel()
+        return refused, manager.spec("a").labels, [s.labels for s in lifecycle.specs]
+
+    refused, after, specs = asyncio.run(scenario())
+    assert refused == {"stable": 1} and after == {"stable": 2} and specs == [{"stable": 2}]
+
+
+def test_overlapping_config_changes_leave_the_specs_served(tmp_path):
+    """One change at a time: a refused change restoring its previous specs cannot undo one that took meanwhile."""
+    import asyncio
+    import time
+
+    from loader import ModelManager
+    from loader.config import ModelSpec, VersionPolicy
+    from loader.errors import FailedPrecondition
+    from server.app import Lifecycle
+
+    for folder in ("a/1", "a/2", "b/1"):
+        (tmp_path / folder).mkdir(parents=True)
+
+    def slow_load(name, version, path):
+        time.sleep(0.2)
+        return object()
+
+    manager = ModelManager(slow_load)
+    lifecycle = Lifecycle(manager, _Health(), ServerSettings())
+    first = [ModelSpec("a", str(tmp_path / "a"), VersionPolicy("specific", versions=frozenset({1})), {"stable": 1})]
+    moved = [ModelSpec("a", str(tmp_path / "a"), VersionPolicy("all"), {"stable": 2})]  # 2 not served: refused
+    added = [*first, ModelSpec("b", str(tmp_path / "b"))]
+
+    async def scenario():
+        await lifecycle.apply(first)
+        return await asyncio.gather(lifecycle.apply(moved), lifecycle.apply(added), return_exceptions=True)
+
+    refused, took = asyncio.run(scenario())
+    assert isinstance(refused, FailedPrecondition) and took == []
+    assert manager.model_names() == ["a", "b"] and [s.name for s in lifecycle.specs] == ["a", "b"]

@@ -313,6 +313,13 @@ def _session_bundle_order(flag: str) -> int:
     return SESSION_BUNDLE_FLAGS.index(flag.split("=")[0][2:])
 
 
+def test_the_platform_config_s_tags_are_taken_as_written_and_replaced_flags_not_checked(tmp_path):
+    path = platform_config(tmp_path, 'saved_model_tags: "serve,gpu" saved_model_tags: "tpu"')
+    parsed = parse_settings([f"--platform_config_file={path}", "--num_request_iterations_for_warmup=0"])
+    assert parsed.settings.saved_model_tags == ("serve,gpu", "tpu")  # not split at the comma
+    assert "--num_request_iterations_for_warmup is ignored" in parsed.notes[0]
+
+
 def test_a_platform_config_without_batching_or_warmup_turns_both_off(tmp_path):
     """As in TensorFlow Serving: batching only with batching_parameters (even empty), warm-up only with
     enable_model_warmup, tags "serve" where none are named; pools left at 0 take servex's defaults."""

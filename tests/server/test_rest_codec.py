@@ -105,6 +105,20 @@ def test_float32_decimals_as_tensorflow_serving_writes_them():
     assert body == b'{"y":[' + b",".join([b"0.333333343"] * 40) + b"]}"
 
 
+def test_float32_decimals_of_arrays_in_any_memory_order():
+    """Values formatted one by one (here past 1e9) land in the answer whatever the array's layout."""
+    a = np.full((10, 10), 1.23456789e10, np.float32)
+    a[0, 1] = 2.5
+    for view in (a, a.T, a[::-1], a[:, ::2], np.asfortranarray(a)):
+        out = codec.tf_serving_floats(view)
+        assert out.shape == view.shape and (out[view == f(2.5)] == 2.5).all()
+        assert (out[view != f(2.5)] == 12345678800.0).all()  # "%.9g": TensorFlow Serving's 1.23456788e+10
+
+
+def f(value: float) -> np.float32:
+    return np.float32(value)
+
+
 def test_vectorized_float32_decimals_equal_tensorflow_serving_s_value_by_value():
     rng = np.random.default_rng(7)
     every_kind = rng.integers(0, 2**32, size=150_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
