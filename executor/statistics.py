@@ -92,3 +92,9 @@ def statistics(model: str, version: str) -> ModelStatistics:
         with _all_lock:
             stats = _all.setdefault((model, version), ModelStatistics())
     return stats
+
+
+def every() -> list[tuple[str, str, ModelStatistics]]:
+    """(model, version, statistics) of every model version counted so far, sorted."""
+    with _all_lock:
+        return [(model, version, stats) for (model, version), stats in sorted(_all.items())]

@@ -39,7 +39,7 @@ from server.affinity import LoopPin
 from server.core import ServingCore
 from server.graph_service import GraphExecutorService
 from server.listeners import ListenerGroup, refuse_if_served
-from server.metrics import model_load, start_metrics_server, watch_loop_lag
+from server.metrics import model_load, register_triton_names, start_metrics_server, watch_loop_lag
 from server.rest import RestServer
 from server.settings import ServerSettings
 from server.tfserving import ModelService, PredictionService, SessionService
@@ -387,6 +387,8 @@ async def serve(settings: ServerSettings) -> int:
     if not in_group and not await ports.open():
         await loop.run_in_executor(None, run_handler.close)
         return 1
+    if not in_group:  # a group's /metrics adds up the processes' files: this process's statistics are not in them
+        register_triton_names()
     metrics_server = None
     if settings.metrics_port:
         try:

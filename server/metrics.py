@@ -276,6 +276,71 @@ class TFServingNames:
         yield total
 
 
+class TritonNames:
+    """Triton's per-model metrics under Triton's names (its ``/metrics``: ``nv_inference_*``, labels ``model`` and
+    ``version``), made at scrape time from the Triton statistics servex keeps for ``ModelStatistics``
+    (executor/statistics.py), so that dashboards and alerts written for Triton keep working:
+
+    - ``nv_inference_request_success`` / ``nv_inference_request_failure``: inference calls answered OK / with an
+      error after their version was resolved (every protocol's: Triton's clients and TensorFlow Serving's);
+    - ``nv_inference_count``: rows run; ``nv_inference_exec_count``: runs (a batch counts one);
+    - ``nv_inference_request_duration_us``: cumulative time in the server of the calls answered, both kinds;
+    - ``nv_inference_queue_duration_us``, ``nv_inference_compute_input_duration_us``,
+      ``nv_inference_compute_infer_duration_us``, ``nv_inference_compute_output_duration_us``: cumulative queue,
+      decoding, run (per request: its batch's run) and encoding time, in microseconds.
+
+    Triton types them as counters named without ``_total``; prometheus_client would add it to a counter, so they
+    are written untyped, as TensorFlow Serving's are here (``rate()`` reads them the same). Triton's pending
+    request gauge, GPU and CPU metrics are not made (servex's own: ``servex_queue_depth``, ``process_*``). This
+    process's figures: with --serving_processes, where /metrics adds up the processes' files, they are left out.
+    """
+
+    _DURATIONS = (
+        ("nv_inference_queue_duration_us", "Cumulative inference queuing duration in microseconds", "queue"),
+        ("nv_inference_compute_input_duration_us", "Cumulative compute input duration in microseconds",
+         "compute_input"),
+        ("nv_inference_compute_infer_duration_us", "Cumulative compute inference duration in microseconds",
+         "compute_infer"),
+        ("nv_inference_compute_output_duration_us", "Cumulative inference compute output duration in microseconds",
+         "compute_output"),
+    )  # fmt: skip
+
+    def collect(self):
+        from executor import statistics
+
+        def family(name: str, documentation: str) -> Metric:
+            return Metric(name, documentation, "unknown")
+
+        success = family("nv_inference_request_success", "Number of successful inference requests, all batch sizes")
+        failure = family("nv_inference_request_failure", "Number of failed inference requests, all batch sizes")
+        count = family("nv_inference_count", "Number of inferences performed (does not include cached requests)")
+        executions = family("nv_inference_exec_count", "Number of model executions performed")
+        duration = family("nv_inference_request_duration_us", "Cumulative inference request duration in microseconds")
+        durations = [(family(name, doc), field) for name, doc, field in self._DURATIONS]
+        for model, version, stats in statistics.every():
+            f = stats.snapshot()
+            labels = {"model": model, "version": version}
+            success.add_sample(success.name, labels, f.success.count)
+            failure.add_sample(failure.name, labels, f.fail.count)
+            count.add_sample(count.name, labels, f.inference_count)
+            executions.add_sample(executions.name, labels, f.execution_count)
+            duration.add_sample(duration.name, labels, (f.success.ns + f.fail.ns) // 1000)
+            for metric, field in durations:
+                metric.add_sample(metric.name, labels, getattr(f, field).ns // 1000)
+        yield from (success, failure, count, executions, duration, *(metric for metric, _ in durations))
+
+
+_triton_names_registered = False
+
+
+def register_triton_names() -> None:
+    """Serve TritonNames with this process's metrics (once per process)."""
+    global _triton_names_registered
+    if not _triton_names_registered:
+        prometheus_client.REGISTRY.register(TritonNames())
+        _triton_names_registered = True
+
+
 def _microseconds(name: str, documentation: str, label_names: list[str], samples, key_of) -> HistogramMetricFamily:
     """A histogram in microseconds named ``name``, from the ``samples`` of one of servex's histograms (seconds): its
     series summed by ``key_of(labels)``, the new series' label values (None leaves a series out)."""

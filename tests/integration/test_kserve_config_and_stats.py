@@ -221,6 +221,36 @@ def test_statistics_count_what_ran(batching):
     assert [(int(b["batch_size"]), int(b["compute_infer"]["count"])) for b in mlp["batch_stats"]] == [(1, 6)]
 
 
+def test_tritons_metric_names_on_metrics_say_what_the_statistics_say(batching):
+    """Triton's nv_inference_* on /metrics (dashboards written for Triton): the same figures as ModelStatistics,
+    by model and version, counters without _total as Triton names them."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with triton.InferenceServerClient(batching.address) as client:
+        infer_mlp(client, 2)
+        with pytest.raises(InferenceServerException):
+            infer_mlp(client, 1, columns=5)
+        stats = client.get_inference_statistics("mlp", "1", as_json=True)["model_stats"][0]
+        text = urllib.request.urlopen(f"http://127.0.0.1:{batching.metrics_port}/metrics", timeout=10).read().decode()
+    samples = {
+        s.name: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name.startswith("nv_inference_") and s.labels == {"model": "mlp", "version": "1"}
+    }
+    figures = stats["inference_stats"]
+    assert samples["nv_inference_request_success"] == int(figures["success"]["count"]) >= 1
+    assert samples["nv_inference_request_failure"] == int(figures["fail"]["count"]) >= 1
+    assert samples["nv_inference_count"] == int(stats["inference_count"]) >= 2
+    assert samples["nv_inference_exec_count"] == int(stats["execution_count"]) >= 1
+    for name, what in (("queue", "queue"), ("compute_input", "compute_input"), ("compute_infer", "compute_infer"),
+                       ("compute_output", "compute_output")):  # fmt: skip
+        assert samples[f"nv_inference_{name}_duration_us"] == int(figures[what]["ns"]) // 1000 > 0, name
+    both = int(figures["success"]["ns"]) + int(figures["fail"]["ns"])
+    assert samples["nv_inference_request_duration_us"] == both // 1000
+    assert "# TYPE nv_inference_request_success untyped" in text and "nv_inference_request_success_total" not in text
+
+
 def test_statistics_over_rest_and_of_every_model(batching):
     client = httpclient.InferenceServerClient(f"127.0.0.1:{batching.rest_port}", network_timeout=30)
     try:
