@@ -1,7 +1,8 @@
 """JSON <-> NumPy for the REST adapters (TensorFlow Serving's REST API and KServe v2 REST), through orjson.
 
 Parsing: orjson, with a fallback to the standard library only when orjson refuses the document, so that the
-``NaN``, ``Infinity`` and ``-Infinity`` literals TensorFlow Serving reads and writes are accepted too. What orjson
+``NaN``, ``Infinity`` and ``-Infinity`` literals TensorFlow Serving reads and writes are accepted too, and the
+other spellings its rapidjson reads (``Inf``, ``-Inf``, ``-NaN``). What orjson
 refuses for good reasons stays refused on that path: numbers beyond a double's range (``1e400``, which the
 standard library would read as infinity) and strings holding a lone surrogate (``"\\ud800"``, not Unicode text).
 
@@ -43,6 +44,22 @@ BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
+# A JSON string (left as it is), or a non-finite number as rapidjson's kParseNanAndInfFlag reads them (NaN, Inf,
+# Infinity, each with a minus too) and TensorFlow Serving with it; the standard library reads NaN, Infinity and
+# -Infinity only.
+_NON_FINITE = re.compile(rb'"(?:[^"\\]|\\.)*"|-?NaN|-?Infinity|-?Inf')
+_UNPARSED = object()
+
+
+def _standard_spelling(match: re.Match) -> bytes:
+    token = match.group(0)
+    if token.startswith(b'"'):
+        return token
+    if token.endswith(b"NaN"):
+        return b"NaN"
+    return b"-Infinity" if token.startswith(b"-") else b"Infinity"
+
+
 def parse(data: bytes | memoryview, what: str = "request body") -> Any:
     """The JSON document in ``data``; INVALID_ARGUMENT with the parser's reason and position when it is not JSON."""
     if not len(data):
@@ -65,7 +82,14 @@ def parse(data: bytes | memoryview, what: str = "request body") -> Any:
     try:  # NaN / Infinity literals (TensorFlow Serving accepts them): the standard library reads them
         doc = json.loads(raw, parse_float=finite_float)
     except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nested too deep
-        raise InvalidArgument(f"JSON parse error in the {what}: {error}") from None
+        doc = _UNPARSED
+        if b"Inf" in raw or b"-NaN" in raw:  # rapidjson's other spellings, which TensorFlow Serving reads too
+            try:
+                doc = json.loads(_NON_FINITE.sub(_standard_spelling, raw), parse_float=finite_float)
+            except (ValueError, UnicodeDecodeError, RecursionError):
+                pass
+        if doc is _UNPARSED:
+            raise InvalidArgument(f"JSON parse error in the {what}: {error}") from None
     if _SURROGATE_ESCAPE.search(raw):  # orjson refuses lone surrogates; the standard library lets them in
         found = lone_surrogate(doc)
         if found is not None:

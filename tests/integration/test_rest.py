@@ -154,6 +154,10 @@ def test_nan_and_infinity_in_and_out(daemon):
     assert answer["predictions"][3] == [2.5]
     x = answer["predictions"]
     assert x[0][0] != x[0][0] and x[1] == [float("inf")] and x[2] == [float("-inf")]
+    # rapidjson's other spellings, which TensorFlow Serving reads as well
+    answer = ok(daemon, "/v1/models/tf1:predict", raw=b'{"instances": [[Inf], [-Inf], [-NaN]]}')
+    x = answer["predictions"]
+    assert x[0] == [float("inf")] and x[1] == [float("-inf")] and x[2][0] != x[2][0]
 
 
 def test_strings_and_base64(daemon):

@@ -76,6 +76,15 @@ def test_parse_accepts_tensorflow_serving_literals_and_reports_errors():
         codec.parse(b"")
 
 
+def test_parse_accepts_every_non_finite_spelling_tensorflow_serving_s_rapidjson_reads():
+    doc = codec.parse(b'{"a": [Inf, -Inf, -NaN, NaN, Infinity], "Inf": "Inf -NaN \\"Inf"}')
+    assert doc["a"][:2] == [float("inf"), float("-inf")] and all(v != v for v in doc["a"][2:4])
+    assert doc["Inf"] == 'Inf -NaN "Inf'  # strings stay as they are
+    for bad in (b'{"a": [Infx]}', b'{"a": [In]}', b'{"a": [--Inf]}'):
+        with pytest.raises(InvalidArgument, match="JSON parse error in the request body"):
+            codec.parse(bad)
+
+
 def test_dumps_float32_shortest_and_non_finite_as_tensorflow_serving():
     value = {"y": codec.jsonable(np.array([0.2, 3.0, 1e-7], np.float32))}
     assert json.loads(codec.dumps(value)) == {"y": [0.2, 3.0, 1e-7]}
