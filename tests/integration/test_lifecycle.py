@@ -26,7 +26,7 @@ from tensorflow_serving.apis import (
 from tensorflow_serving.config import model_server_config_pb2
 
 from tests.conftest import BAD_HALF_PLUS_TWO, EXPECTED, HALF_PLUS_TWO_TF1, TESTDATA
-from tests.integration.daemon import Daemon, metric, run_to_exit
+from tests.integration.daemon import Daemon, metric, model_config_file, run_to_exit
 
 TWO_VERSIONS = TESTDATA / "saved_model_half_plus_two_2_versions"
 HALF_PLUS_THREE = TESTDATA / "saved_model_half_plus_three"
@@ -140,13 +140,7 @@ def test_model_status_lists_the_highest_version_first_as_tensorflow_serving(poli
 def test_model_status_of_a_model_with_no_version_yet_is_not_found_as_in_tensorflow_serving(start_daemon, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
-    config = tmp_path / "models.config"
-    config.write_text(
-        f"""model_config_list {{
-  config {{ name: "one" base_path: "{TWO_VERSIONS}" model_platform: "tensorflow" }}
-  config {{ name: "empty" base_path: "{empty}" model_platform: "tensorflow" }}
-}}"""
-    )
+    config = model_config_file(tmp_path, {"one": TWO_VERSIONS, "empty": empty})
     daemon = start_daemon(f"--model_config_file={config}", rest=True)
     with pytest.raises(grpc.RpcError) as info:
         status(daemon.channel, "empty")
@@ -388,13 +382,7 @@ def test_the_server_is_ready_only_once_the_start_up_models_are_in(tmp_path, slow
     record.predict_log.request.CopyFrom(predict_pb2.PredictRequest())
     record.predict_log.request.inputs["iterations"].CopyFrom(tf.make_tensor_proto(np.array(3_000_000, np.int64)))
     write_warmup_file(slow / "1", [record.SerializeToString()])
-    config = tmp_path / "models.config"
-    config.write_text(
-        f"""model_config_list {{
-  config {{ name: "fast" base_path: "{HALF_PLUS_TWO_TF1}" model_platform: "tensorflow" }}
-  config {{ name: "slow" base_path: "{slow}" model_platform: "tensorflow" }}
-}}"""
-    )
+    config = model_config_file(tmp_path, {"fast": HALF_PLUS_TWO_TF1, "slow": slow})
     daemon = Daemon([f"--model_config_file={config}"], tmp_path, rest=True)
     client = triton.InferenceServerClient(daemon.address)
 
