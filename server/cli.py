@@ -431,18 +431,19 @@ def parse_settings(argv: list[str] | None = None) -> Parsed:
             notes.append(f"--{flag} is ignored: --platform_config_file's SessionBundleConfig replaces it (as in "
                          f"TensorFlow Serving)")  # fmt: skip
         # The flags it replaces, as the file sets them (pools left at 0 there take servex's defaults, as below).
-        args.tensorflow_session_config_file, args.tensorflow_session_parallelism = "", 0
+        args.tensorflow_session_parallelism = 0
         args.tensorflow_intra_op_parallelism = args.tensorflow_inter_op_parallelism = None
         args.per_process_gpu_memory_fraction = 0.0  # the file's session_config has its own
-        args.saved_model_tags = ""  # the file's, as it names them (below)
         args.enable_batching, args.batching_parameters_file = platform.enable_batching, ""
         args.enable_per_model_batching_parameters = platform.enable_per_model_batching_params
         args.enable_model_warmup = platform.enable_model_warmup
         args.num_request_iterations_for_warmup = platform.num_request_iterations_for_warmup
-    session_config = tfserving_flags.session_config(args.tensorflow_session_config_file, fail) if (
-        args.tensorflow_session_config_file) else None  # fmt: skip
     if platform is not None:
         session_config = platform.session_config
+    elif args.tensorflow_session_config_file:
+        session_config = tfserving_flags.session_config(args.tensorflow_session_config_file, fail)
+    else:
+        session_config = None
     d = ServerSettings()
     # A pool's own flag, else --tensorflow_session_parallelism, else the session config file, else servex's default.
     pools = {}
@@ -456,9 +457,10 @@ def parse_settings(argv: list[str] | None = None) -> Parsed:
     gpu_fraction = args.per_process_gpu_memory_fraction
     if not 0 <= gpu_fraction <= 1:
         fail(f"--per_process_gpu_memory_fraction must be from 0 to 1, got {gpu_fraction}")
-    tags = tuple(t.strip() for t in args.saved_model_tags.split(",") if t.strip())
     if platform is not None:
-        tags = platform.saved_model_tags
+        tags = platform.saved_model_tags  # as the file names them
+    else:
+        tags = tuple(t.strip() for t in args.saved_model_tags.split(",") if t.strip())
     if not tags:
         fail(f"--saved_model_tags names no tag: {args.saved_model_tags!r}")
     prometheus_path = (

@@ -383,7 +383,7 @@ _VECTORIZED_FROM = 48  # values; below, formatting each one costs less than the 
 def tf_decimal(value: float) -> float:
     """The decimal TensorFlow Serving writes for a float32 ``value`` (its json_tensor.cc ``WriteDecimal``:
     ``absl::StrCat``'s six significant digits when they read back as the same float32, else ``%.9g``), read as a
-    double: what a client's JSON parser gets from TensorFlow Serving."""
+    double: what a client's JSON parser gets from TensorFlow Serving. NaN and infinities come back as they are."""
     text = f"{value:.6g}"
     if _FLOAT32.unpack(_FLOAT32.pack(float(text)))[0] != value:  # ``value`` holds a float32 already
         text = f"{value:.9g}"
@@ -403,7 +403,7 @@ def tf_serving_floats(array: np.ndarray) -> np.ndarray:
     with np.errstate(invalid="ignore"):  # a signalling NaN stays a NaN
         x = np.ascontiguousarray(np.asarray(array, np.float32), np.float64)  # C order: reshape(-1) below is a view
     if x.size < _VECTORIZED_FROM:
-        flat = [tf_decimal(v) if math.isfinite(v) else v for v in x.reshape(-1).tolist()]
+        flat = [tf_decimal(v) for v in x.reshape(-1).tolist()]
         return np.array(flat, np.float64).reshape(x.shape)
     magnitude = np.abs(x)
     usable = np.isfinite(x) & (magnitude != 0)

@@ -373,10 +373,9 @@ def encode_results(verb: str, outputs: dict[str, np.ndarray], count: int, where:
     if verb == "classify":
         result = classification_pb2.ClassificationResult()
         examples.fill_classification_result(result, outputs, count, where)
-        results: Any = [
-            [[c.label, codec.tf_decimal(c.score) if math.isfinite(c.score) else c.score] for c in cl.classes]
-            for cl in result.classifications
-        ]  # the scores are float32: TensorFlow Serving's decimals for them
+        results: Any = [  # the scores are float32: TensorFlow Serving's decimals for them
+            [[c.label, codec.tf_decimal(c.score)] for c in cl.classes] for cl in result.classifications
+        ]
         all_finite = all(math.isfinite(c[1]) for classes in results for c in classes)
     else:
         regression = regression_pb2.RegressionResult()

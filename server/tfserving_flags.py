@@ -107,7 +107,7 @@ SESSION_BUNDLE_FLAGS = (
 )
 TENSORFLOW_PLATFORM = "tensorflow"  # TensorFlow Serving's kTensorFlowModelPlatform
 ADAPTER_CONFIG = "tensorflow.serving.SavedModelBundleSourceAdapterConfig"
-_TFLITE = "servex serves no TensorFlow Lite models"
+_TFLITE = NO_EFFECT_FLAGS["prefer_tflite_model"]
 # SessionBundleConfig's fields that servex reads but that change nothing here, each one set noted with the reason.
 SESSION_BUNDLE_NO_EFFECT = {
     "session_run_load_threadpool_index": "versions load on servex's own loading thread",
