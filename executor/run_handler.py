@@ -175,12 +175,16 @@ class RunHandler:
         nbytes = input_bytes(inputs.values()) if inputs and self.max_queued_bytes else 0
         return self._enqueue(fn, args, ticket, None, {}, 0, nbytes)
 
+    def batching_for(self, executor) -> BatchingOptions | None:
+        """How ``executor``'s runs batch: its own parameters when it has them (TensorFlow Serving's per-model
+        batching_params.pbtxt, with the server's batching on; a Triton config.pbtxt's dynamic_batching), else the
+        server's (None: off)."""
+        return getattr(executor, "batching", None) or self.batching
+
     def submit_batchable(self, executor, feeds: dict, fetches: Sequence[str], pin: bool, ticket: Ticket):
         """Queue ``executor.run(feeds, fetches, (), "", pin)``, which may run batched with compatible requests."""
         fetches = tuple(fetches)
-        # The model's own batching parameters (TensorFlow Serving's per-model batching_params.pbtxt) when it has
-        # them, else the server's; batching stays off unless the server's is on.
-        batching = self.batching and (getattr(executor, "batching", None) or self.batching)
+        batching = self.batching_for(executor)
         values = list(feeds.values())
         nbytes = input_bytes(values) if self.max_queued_bytes else 0
         rows = values[0].shape[0] if batching is not None and values and values[0].ndim else 0

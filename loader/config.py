@@ -49,6 +49,11 @@ class ModelSpec:
     base_path: str
     policy: VersionPolicy = VersionPolicy()
     labels: dict[str, int] = field(default_factory=dict)
+    # The folder in each version folder that holds the SavedModel ('': the version folder itself, TensorFlow
+    # Serving's layout; 'model.savedmodel' in a Triton model repository)
+    model_file: str = ""
+    # A Triton model repository's config.pbtxt (inference.ModelConfig), or None (loader/model_repository.py)
+    triton_config: object | None = None
 
 
 def _policy(config: model_server_config_pb2.ModelConfig, where: str) -> VersionPolicy:

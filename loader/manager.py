@@ -86,6 +86,8 @@ class ServedVersion(Generic[S]):
     # requests in flight (leases) and whether the version has been taken out of service
     inflight: int = 0
     retired: bool = False
+    # the model's Triton config.pbtxt the version loaded with (ModelSpec.triton_config): a changed one reloads it
+    config: object | None = None
 
 
 @dataclass
@@ -201,6 +203,8 @@ class ModelManager(Generic[S]):
         spec = model.spec
         try:
             on_disk = list_versions(spec.base_path)
+            if spec.model_file:  # a Triton repository: the SavedModel is a folder in the version folder
+                on_disk = {v: os.path.join(path, spec.model_file) for v, path in on_disk.items()}
             model.error = None
         except LoadError as e:
             # A base path that is missing or empty for a moment (being replaced) must not unload what serves.
@@ -258,15 +262,17 @@ class ModelManager(Generic[S]):
     def _wants_load(self, model: _Model[S], version: int, path: str, now: float, available: list[int]) -> bool:
         if version not in available:
             return True
-        return model.versions[version].path != path and self._may_load(model, version, path, now)
+        serving = model.versions[version]
+        changed = serving.path != path or serving.config != model.spec.triton_config
+        return changed and self._may_load(model, version, path, now)
 
     def _may_load(self, model: _Model[S], version: int, path: str, now: float) -> bool:
         """Whether loading ``version`` from ``path`` may be tried now: not a known failure, or one whose retry is
         due or whose files changed since."""
         sv = model.versions.get(version)
-        if sv is not None and sv.state == AVAILABLE:  # a reload of the same number from a new base path
+        if sv is not None and sv.state == AVAILABLE:  # a reload of the same number from a new base path or config
             sv = model.failed_reloads.get(version)
-            if sv is None or sv.path != path:
+            if sv is None or sv.path != path or sv.config != model.spec.triton_config:
                 return True
         if sv is None or sv.state != END or sv.error is None:
             return True
@@ -279,10 +285,12 @@ class ModelManager(Generic[S]):
         previous = model.versions.get(version)
         replacing = previous is not None and previous.state == AVAILABLE  # same number from a new base path
         record = model.failed_reloads.get(version) if replacing else previous  # earlier failures of this load
-        sv = ServedVersion(name, version, path, attempts=record.attempts if record else 0)
+        sv = ServedVersion(
+            name, version, path, attempts=record.attempts if record else 0, config=model.spec.triton_config
+        )
         fingerprint = folder_fingerprint(path)
-        if record is not None and record.fingerprint != fingerprint:
-            sv.attempts = 0  # new files: a fresh start
+        if record is not None and (record.fingerprint != fingerprint or record.config != sv.config):
+            sv.attempts = 0  # new files or config: a fresh start
         if not replacing:
             with self._lock:
                 model.versions[version] = sv

@@ -32,11 +32,12 @@ from executor.run_handler import BatchingOptions
 from loader import ModelManager, load_saved_model
 from loader.config import ModelSpec, parse_model_config
 from loader.errors import InvalidArgument, ServingError
+from loader.model_repository import read_repositories
 from protos.servex.v1 import batching_pb2, graph_executor_pb2, graph_executor_pb2_grpc, variables_pb2_grpc
-from server import tls
+from server import tls, v2_config
 from server.admin import BearerTokenInterceptor, VariableService
 from server.affinity import LoopPin
-from server.core import ServingCore
+from server.core import DEFAULT_SIGNATURE, ServingCore
 from server.graph_service import GraphExecutorService
 from server.listeners import ListenerGroup, refuse_if_served
 from server.metrics import model_load, register_triton_names, start_metrics_server, watch_loop_lag
@@ -66,6 +67,8 @@ def make_manager(settings: ServerSettings, warmup: Warmup | None = None) -> Mode
     transfer = make_factory(settings.device)  # DeviceError when the device cannot be used here
     log.info("transfer executor: %s", transfer.device)
 
+    manager: ModelManager[GraphExecutor] | None = None  # set below; make() reads a model's Triton config there
+
     def make(name: str, version: int, path: str) -> GraphExecutor:
         model = load_saved_model(
             path,
@@ -77,8 +80,13 @@ def make_manager(settings: ServerSettings, warmup: Warmup | None = None) -> Mode
             hooks=VariableMetrics(name, str(version)),
         )
         try:
-            batching = per_model_batching(settings, path)  # a bad file fails the load, naming the file
-        except (OSError, InvalidArgument):
+            triton = manager.spec(name).triton_config
+            if triton is not None:  # a Triton repository's config.pbtxt: checked against the SavedModel
+                v2_config.check_config(name, triton, model.signatures.get(DEFAULT_SIGNATURE))
+                batching = v2_config.batching(triton)
+            else:
+                batching = per_model_batching(settings, path)  # a bad file fails the load, naming the file
+        except (OSError, ServingError):
             model.close()
             raise
         prefetch(name, version, model, settings.prefetch_variables.get(name, ()))
@@ -98,13 +106,14 @@ def make_manager(settings: ServerSettings, warmup: Warmup | None = None) -> Mode
                 raise
         return executor
 
-    return ModelManager(
+    manager = ModelManager(
         make,
         GraphExecutor.close,
         max_num_load_retries=settings.max_num_load_retries,
         load_retry_interval_s=settings.load_retry_interval_micros / 1e6,
         on_load=model_load,
     )
+    return manager
 
 
 def prefetch(name: str, version: int, model, names: tuple[str, ...]) -> None:
@@ -224,12 +233,36 @@ def settle_heap() -> int:
     return gc.get_freeze_count()
 
 
-def initial_specs(settings: ServerSettings) -> tuple[list[ModelSpec], str]:
-    """The models to serve at start, and the config file's text (empty without a config file)."""
+def initial_specs(settings: ServerSettings) -> tuple[list[ModelSpec], str, dict[str, str]]:
+    """The models to serve at start, the config file's text (empty without a config file), and why each model that
+    cannot be served cannot (a Triton repository's), by name."""
+    if settings.model_repositories:
+        specs, refused = repository_specs(settings)
+        if settings.model_control_mode == "explicit":
+            wanted = set(settings.load_models)
+            known = {spec.name for spec in specs} | set(refused)
+            unknown = sorted(wanted - known - {"*"})
+            if unknown:
+                raise InvalidArgument(f"--load-model {', '.join(unknown)}: no such model in the model repositories "
+                                      f"(models there: {', '.join(sorted(known)) or 'none'})")  # fmt: skip
+            if "*" not in wanted:
+                specs = [spec for spec in specs if spec.name in wanted]
+                refused = {name: reason for name, reason in refused.items() if name in wanted}
+        return specs, "", refused
     if settings.model_config_file:
         text = Path(settings.model_config_file).read_text(encoding="utf-8")
-        return parse_model_config(text, f"model config file {settings.model_config_file!r}"), text
-    return [ModelSpec(settings.model_name, settings.resolved_model_base_path())], ""
+        return parse_model_config(text, f"model config file {settings.model_config_file!r}"), text, {}
+    return [ModelSpec(settings.model_name, settings.resolved_model_base_path())], "", {}
+
+
+def repository_specs(settings: ServerSettings, quiet: bool = False) -> tuple[list[ModelSpec], dict[str, str]]:
+    """The models of the Triton model repositories, and why each model that cannot be served cannot, by name; notes
+    on config fields that change nothing are logged unless ``quiet``."""
+    repository = read_repositories(list(settings.model_repositories))
+    if not quiet:
+        for note in repository.notes:
+            log.warning("%s", note)
+    return repository.specs, repository.refused
 
 
 class Lifecycle:
@@ -242,6 +275,8 @@ class Lifecycle:
         self.settings = settings
         self._known: set[str] = set()
         self.specs: list[ModelSpec] = []  # the config last applied (the KServe v2 repository edits it)
+        # The Triton repositories' models that cannot be served, and why (they keep a strict server unready)
+        self.refused: dict[str, str] = {}
         # One config change at a time (reloads, the config file's polls, the repository extension), so that specs
         # is always the config the manager serves.
         self.lock = asyncio.Lock()
@@ -279,6 +314,51 @@ class Lifecycle:
             except Exception:  # a poll that fails must not end polling: log it, look again next time
                 log.exception("polling the model base paths failed")
             await self.sync_health()
+
+    async def poll_repositories(self) -> None:
+        """Triton's poll mode: read the model repositories again every ``file_system_poll_wait_seconds`` and serve
+        what they hold: models added, removed, or with a changed config.pbtxt (new and removed versions come from
+        ``poll_files``). A served model whose folder cannot be served now (a config.pbtxt being edited) keeps
+        serving as it was."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self.settings.file_system_poll_wait_seconds)
+            try:
+                specs, refused = await loop.run_in_executor(None, repository_specs, self.settings, True)
+            except (OSError, InvalidArgument) as e:
+                log.error("model repositories not read again, the models stay as they are: %s", e)
+                continue
+            for name, reason in sorted(refused.items()):
+                if self.refused.get(name) != reason:
+                    log.error("%s", reason)
+            self.refused.clear()
+            self.refused.update(refused)
+            current = {spec.name: spec for spec in self.specs}
+            wanted = {spec.name: spec for spec in specs}
+            wanted.update({name: current[name] for name in refused if name in current})
+            if wanted == current:
+                continue
+            log.info("model repositories changed: serving %s", ", ".join(sorted(wanted)) or "no model")
+            try:
+                for problem in await self.apply(list(wanted.values())):
+                    log.error("%s", problem)
+            except Exception:  # keep polling
+                log.exception("applying the model repositories' changes failed")
+
+    def repository_names(self) -> list[str]:
+        """The names of the models the Triton model repositories hold now (servable or not)."""
+        specs, refused = repository_specs(self.settings, quiet=True)
+        return sorted({spec.name for spec in specs} | set(refused))
+
+    def repository_model(self, name: str) -> ModelSpec | None:
+        """Model ``name`` as the Triton model repositories hold it now (None: not there, or no repositories);
+        InvalidArgument when it cannot be served."""
+        if not self.settings.model_repositories:
+            return None
+        specs, refused = repository_specs(self.settings, quiet=True)
+        if name in refused:
+            raise InvalidArgument(refused[name])
+        return next((spec for spec in specs if spec.name == name), None)
 
     async def poll_config(self, text: str) -> None:
         path = self.settings.model_config_file
@@ -349,6 +429,7 @@ async def serve(settings: ServerSettings) -> int:
         run_handler.close()
         return 1
     core = ServingCore(manager, run_handler, settings.pin_signature_graphs, settings.max_message_bytes)
+    core.strict_readiness = settings.strict_readiness
     core.log_settings.process_group_size = settings.process_group_size
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
         PredictionService(core, settings.tensor_content_outputs, settings.max_message_bytes), server
@@ -362,6 +443,7 @@ async def serve(settings: ServerSettings) -> int:
     kserve.add_to_server(core, server, settings.max_message_bytes)
     health_servicer = health.aio.HealthServicer()
     lifecycle = Lifecycle(manager, health_servicer, settings)
+    core.unservable = lifecycle.refused
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(
         ModelService(core, lifecycle.apply, settings.process_group_size), server
     )
@@ -403,17 +485,23 @@ async def serve(settings: ServerSettings) -> int:
     pin: LoopPin | None = None
     exit_code = 0
     try:
-        specs, config_text = initial_specs(settings)
+        specs, config_text, refused = initial_specs(settings)
+        lifecycle.refused.update(refused)
+        problems = [reason for _, reason in sorted(refused.items())]
         load = asyncio.ensure_future(lifecycle.apply(specs))
         done, _ = await asyncio.wait([load, asyncio.ensure_future(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
         if load in done:
-            problems = load.result()
+            problems += load.result()
             for problem in problems:
                 log.error("%s", problem)
             available = manager.available_models()
             core.started = True
-            if not available:
+            explicit = settings.model_repositories and settings.model_control_mode == "explicit"
+            if not available and not (explicit and not specs):  # explicit: the repository extension loads later
                 log.error("no model loaded, nothing to serve: %s", "; ".join(problems) or "no model configured")
+                exit_code = 1
+            elif problems and settings.exit_on_error:
+                log.error("not every model loaded, and --exit-on-error is true (Triton's default): exiting")
                 exit_code = 1
             elif in_group and not await ports.open():
                 exit_code = 1
@@ -423,11 +511,13 @@ async def serve(settings: ServerSettings) -> int:
                     tasks.append(asyncio.ensure_future(lifecycle.poll_files()))
                 if settings.model_config_file and settings.model_config_file_poll_wait_seconds > 0:
                     tasks.append(asyncio.ensure_future(lifecycle.poll_config(config_text)))
+                if settings.model_repositories and settings.model_control_mode == "poll":
+                    tasks.append(asyncio.ensure_future(lifecycle.poll_repositories()))
                 log.info("froze %d start-up objects out of the garbage collector's scans", settle_heap())
                 if settings.event_loop_cpu >= 0:
                     pin = LoopPin(settings.event_loop_cpu)
                     pin.pin()
-                log.info("servex ready on %s, serving %s", address, ", ".join(available))
+                log.info("servex ready on %s, serving %s", address, ", ".join(available) or "no model yet")
                 await stop.wait()
     except (OSError, InvalidArgument) as e:
         log.error("cannot read the models to serve, nothing to serve: %s", e)

@@ -12,7 +12,7 @@ import signal
 import sys
 from typing import NamedTuple
 
-from server import affinity, tfserving_flags, tls
+from server import affinity, tfserving_flags, tls, triton_flags
 from server.settings import DEMO_MODEL_NAME, ServerSettings
 
 
@@ -370,6 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log_level", default="INFO", help="Python logging level")
     p.add_argument("--version", action="store_true", help="print servex's and TensorFlow's versions and exit")
     tfserving_flags.add_other_flags(p)
+    triton_flags.add_triton_flags(p, _bool)
     return p
 
 
@@ -389,6 +390,9 @@ def parse_settings(argv: list[str] | None = None) -> Parsed:
         raise SystemExit(0)
     fail = build_parser().error
     notes = tfserving_flags.check_other_flags(args, fail)
+    given = tfserving_flags.given_flags(build_parser(), argv, triton_flags.DEFAULTS_REPLACED)
+    triton_flags.apply(args, set(given), fail, notes)
+    repositories = tuple(args.triton_model_repository)
     prefetch = {}
     for item in args.prefetch_variables:
         model, sep, names = item.partition("=")
@@ -505,6 +509,11 @@ def parse_settings(argv: list[str] | None = None) -> Parsed:
         model_base_path=args.model_base_path or "",
         model_config_file=args.model_config_file or "",
         model_config_file_poll_wait_seconds=args.model_config_file_poll_wait_seconds,
+        model_repositories=repositories,
+        model_control_mode=args.triton_model_control_mode or "none",
+        load_models=tuple(args.triton_load_model),
+        exit_on_error=bool(repositories and args.triton_exit_on_error),
+        strict_readiness=bool(repositories and args.triton_strict_readiness),
         file_system_poll_wait_seconds=args.file_system_poll_wait_seconds,
         max_num_load_retries=args.max_num_load_retries,
         load_retry_interval_micros=args.load_retry_interval_micros,

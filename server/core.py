@@ -136,13 +136,22 @@ class ServingCore:
         self._graph_labels: dict[str, set[str]] = {}
         # Set once the models of the start-up config have loaded (or failed): the ports serve before that.
         self.started = False
+        self.strict_readiness = False  # ready only while every configured model serves (see ready)
+        self.unservable: dict[str, str] = {}  # configured models that cannot be served (a Triton repository's)
         self.log_settings = LogSettings()  # Triton's log settings, every protocol's (the app sets the group size)
 
     def ready(self) -> bool:
         """The server's readiness (KServe v2 ServerReady, /v2/health/ready): the start-up loads are over, as gRPC
         health's SERVING says, and a model serves. A model or version that fails later does not make the server
-        unready (Triton's --strict-readiness=false); each model's own readiness is exact."""
-        return self.started and bool(self.manager.available_models())
+        unready (Triton's --strict-readiness=false); each model's own readiness is exact. With
+        ``strict_readiness`` (Triton's default, servex's with a Triton model repository), every configured model
+        must serve."""
+        if not self.started:
+            return False
+        available = self.manager.available_models()
+        if self.strict_readiness:  # no model at all (explicit model control, none loaded yet) is ready, as in Triton
+            return not self.unservable and len(available) == len(self.manager.model_names())
+        return bool(available)
 
     # -- resolution ------------------------------------------------------------------------------------
 

@@ -28,6 +28,7 @@ from loader.errors import FailedPrecondition, InvalidArgument, NotFound, Serving
 from loader.manager import AVAILABLE, END, LOADING, UNLOADING
 from protos.inference import grpc_service_pb2 as pb
 from protos.inference import grpc_service_pb2_grpc as pb_grpc
+from protos.inference import model_config_pb2
 from server import tensors, v2_config, v2_settings, v2_stats, v2_types
 from server.core import DEFAULT_SIGNATURE, REQUEST, RequestInfo, ServingCore, checked_priority
 from server.rpc import Malformed, abort, bounded, check_answer_size, ended_code, model_name, record, request_info, rpc
@@ -125,7 +126,7 @@ class _ModelCalls:
         if not request.name:
             raise InvalidArgument("name is empty: name the model to ask about")
         config = v2_config.model_config(self.core, request.name, v2_types.parse_version(request.version))
-        return pb.ModelConfigResponse(config=json_format.ParseDict(config, pb.ModelConfig()))
+        return pb.ModelConfigResponse(config=json_format.ParseDict(config, model_config_pb2.ModelConfig()))
 
 
 class KServeService(_ServerCalls, _ModelCalls, pb_grpc.GRPCInferenceServiceServicer):
@@ -397,7 +398,22 @@ class RepositoryService(_ServerCalls, _ModelCalls, pb_grpc.GRPCInferenceServiceS
         if not request.ready:
             for name in sorted(self.unloaded):
                 response.models.add(name=name, state="UNAVAILABLE", reason="unloaded")
+            if self.lifecycle.settings.model_repositories:  # the repositories' models never loaded: the name alone
+                listed = set(manager.model_names()) | set(self.unloaded)
+                for name in await asyncio.get_running_loop().run_in_executor(None, self.lifecycle.repository_names):
+                    if name not in listed:
+                        response.models.add(name=name)
         return response
+
+    def _follows_repository(self) -> None:
+        """With a Triton model repository, models are loaded and unloaded by name only in explicit model control
+        mode, as in Triton; otherwise the repository's folders decide."""
+        settings = self.lifecycle.settings
+        if settings.model_repositories and settings.model_control_mode != "explicit":
+            raise FailedPrecondition(
+                f"the models follow the model repositories (--model-control-mode={settings.model_control_mode}): "
+                f"loading and unloading by name needs --model-control-mode=explicit, as in Triton"
+            )
 
     @rpc
     async def RepositoryModelLoad(self, request, context):
@@ -405,6 +421,7 @@ class RepositoryService(_ServerCalls, _ModelCalls, pb_grpc.GRPCInferenceServiceS
         name = request.model_name
         if not name:
             raise InvalidArgument("model_name is empty: name the model to load")
+        self._follows_repository()
         unsupported = sorted(set(request.parameters) - {BASE_PATH})
         if unsupported:  # e.g. Triton's 'config' and 'file:...' overrides
             raise InvalidArgument(
@@ -420,7 +437,10 @@ class RepositoryService(_ServerCalls, _ModelCalls, pb_grpc.GRPCInferenceServiceS
                     )
                 spec = ModelSpec(name, param.string_param)
             else:
-                spec = specs.get(name) or self.unloaded.get(name)
+                # A repository's model is read again (its config.pbtxt may have changed), as Triton reloads it.
+                loop = asyncio.get_running_loop()
+                spec = await loop.run_in_executor(None, self.lifecycle.repository_model, name)
+                spec = spec or specs.get(name) or self.unloaded.get(name)
                 if spec is None:
                     known = ", ".join(sorted(set(specs) | set(self.unloaded))) or "none"
                     raise NotFound(
@@ -444,6 +464,7 @@ class RepositoryService(_ServerCalls, _ModelCalls, pb_grpc.GRPCInferenceServiceS
         name = request.model_name
         if not name:
             raise InvalidArgument("model_name is empty: name the model to unload")
+        self._follows_repository()
         async with self.lifecycle.lock:
             specs = {spec.name: spec for spec in self.lifecycle.specs}
             spec = specs.pop(name, None)

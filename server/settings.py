@@ -59,6 +59,22 @@ class ServerSettings:
     model_config_file: str = ""
     # Re-read the model config file this often (seconds); 0: read it once.
     model_config_file_poll_wait_seconds: float = 0.0
+    # Triton model repositories (Triton's --model-repository, loader/model_repository.py): each folder in one is a
+    # model (config.pbtxt, numbered version folders holding model.savedmodel); they replace model_name/base_path
+    # and the model config file.
+    model_repositories: tuple[str, ...] = ()
+    # Triton's --model-control-mode over the repositories: "none" (every model loads at start, nothing changes
+    # after), "poll" (the repositories are read again every file_system_poll_wait_seconds: models and versions
+    # added, removed or changed) or "explicit" (load_models at start; the repository extension loads and unloads).
+    model_control_mode: str = "none"
+    # With model_control_mode "explicit": the models loaded at start ("*": all of them).
+    load_models: tuple[str, ...] = ()
+    # Exit (code 1) when a model fails to load at start, where servex otherwise serves the others (Triton's
+    # --exit-on-error, default true there).
+    exit_on_error: bool = False
+    # The server is ready only while every configured model has a version available (Triton's --strict-readiness,
+    # default true there); False: ready once the start-up loads are over and one model serves.
+    strict_readiness: bool = False
     # Look for new and removed version folders this often (seconds); 0 or less: only at start.
     file_system_poll_wait_seconds: float = 1.0
     # A version that fails to load is retried this many times, this far apart (and whenever its files change).

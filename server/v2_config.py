@@ -1,9 +1,13 @@
 """A served model's configuration as Triton describes one (model_config.proto), for the clients that ask for it:
 tritonclient's ``get_model_config`` over gRPC (``ModelConfig``) and REST (``GET /v2/models/{name}/config``).
 
-Built from what servex serves, not read from a file: the platform (``tensorflow_savedmodel``), the version policy
-of the model's config, the ``serving_default`` signature's inputs and outputs (none for a model without that
-signature), and batching. As in Triton,
+A model of a Triton model repository (``--model-repository``) answers with its config.pbtxt, completed from the
+SavedModel as Triton's auto-complete does (``_completed``), and the file is checked against the SavedModel when a
+version loads (``check_config``); its ``dynamic_batching`` turns batching on for it (``batching``).
+
+Other models' configurations are built from what servex serves: the platform (``tensorflow_savedmodel``), the
+version policy of the model's config, the ``serving_default`` signature's inputs and outputs (none for a model
+without that signature), and batching. As in Triton,
 ``max_batch_size`` > 0 means the 0th dimension is the batch and ``dims`` leave it out: servex says so when
 batching is on for the model and every input and output has an unknown 0th dimension; otherwise
 ``max_batch_size`` is 0 and ``dims`` are the whole shapes (-1: any size; [-1] for a tensor of unknown rank).
@@ -13,11 +17,15 @@ the message.
 
 from __future__ import annotations
 
+from google.protobuf import json_format
+from google.protobuf.descriptor import FieldDescriptor
+
+from executor.run_handler import BatchingOptions
 from loader.config import VersionPolicy
+from loader.errors import LoadError
+from loader.model_repository import BACKEND, DEFAULT_MODEL_FILENAME, PLATFORM
 from server import v2_types
 from server.core import DEFAULT_SIGNATURE, ServingCore
-
-PLATFORM = "tensorflow_savedmodel"
 
 
 def model_config(core: ServingCore, name: str, version: int | None) -> dict:
@@ -25,9 +33,11 @@ def model_config(core: ServingCore, name: str, version: int | None) -> dict:
     # A model without serving_default (what a v2 call runs unless it names another signature) serves all the
     # same: it is described with no inputs or outputs, as its metadata is.
     sig = served.servable.model.signatures.get(DEFAULT_SIGNATURE)
+    triton = core.manager.spec(served.name).triton_config
+    if triton is not None:
+        return _completed(triton, served.name, sig)
     handler = core.run_handler
-    # The version's own batching parameters (batching_params.pbtxt) when batching is on and it has them.
-    batching = handler.batching and (getattr(served.servable, "batching", None) or handler.batching)
+    batching = handler.batching_for(served.servable)
     inputs = sorted(sig.inputs.items()) if sig is not None else []
     outputs = [(alias, sig.outputs[alias]) for alias in sig.output_aliases] if sig is not None else []
     batched = (
@@ -40,7 +50,7 @@ def model_config(core: ServingCore, name: str, version: int | None) -> dict:
     config = {
         "name": served.name,
         "platform": PLATFORM,
-        "backend": "tensorflow",
+        "backend": BACKEND,
         "version_policy": _policy(core.manager.spec(served.name).policy),
         "max_batch_size": batching.max_batch_size if batched else 0,
         "input": [
@@ -95,3 +105,126 @@ def _dims(shape, batched: bool) -> list[int]:
         return [-1]
     dims = [-1 if d is None else int(d) for d in shape]
     return dims[1:] if batched else dims
+
+
+# -- a Triton model repository's config.pbtxt ---------------------------------------------------------------------
+
+
+def _completed(config, name: str, sig) -> dict:
+    """A repository model's answer: its config.pbtxt as written, completed as Triton's auto-complete does: name,
+    platform, backend, default model file and version policy where left out, and the signature's inputs and
+    outputs that it does not list (dims after the batch dimension when max_batch_size > 0)."""
+    answer = type(config)()
+    answer.CopyFrom(config)
+    answer.name = name
+    answer.platform = PLATFORM
+    answer.backend = BACKEND
+    answer.default_model_filename = answer.default_model_filename or DEFAULT_MODEL_FILENAME
+    if not answer.HasField("version_policy"):
+        answer.version_policy.latest.num_versions = 1
+    if sig is not None:
+        data_types = answer.DESCRIPTOR.file.enum_types_by_name["DataType"]
+        batched = answer.max_batch_size > 0
+        listed = {tensor.name for tensor in answer.input}
+        for alias, spec in sorted(sig.inputs.items()):
+            if alias not in listed:
+                added = answer.input.add(name=alias, dims=_dims(spec.shape, batched))
+                added.data_type = data_types.values_by_name[_data_type(spec.dtype)].number
+        listed = {tensor.name for tensor in answer.output}
+        for alias in sig.output_aliases:
+            if alias not in listed:
+                spec = sig.outputs[alias]
+                added = answer.output.add(name=alias, dims=_dims(spec.shape, batched))
+                added.data_type = data_types.values_by_name[_data_type(spec.dtype)].number
+    plain = json_format.MessageToDict(
+        answer, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+    return _numbers(answer.DESCRIPTOR, plain)
+
+
+_INT64 = {FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_SINT64,
+          FieldDescriptor.TYPE_FIXED64, FieldDescriptor.TYPE_SFIXED64}  # fmt: skip
+
+
+def _numbers(descriptor, plain: dict) -> dict:
+    """``plain`` (json_format's dict of a ``descriptor`` message) with its 64-bit integers as numbers, as Triton
+    writes them (json_format writes them as strings)."""
+    for key, value in plain.items():
+        field = descriptor.fields_by_name.get(key)
+        if field is None:
+            continue
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            value_field = field.message_type.fields_by_name["value"]
+            if value_field.message_type is not None:
+                for item in value.values():
+                    _numbers(value_field.message_type, item)
+        elif field.message_type is not None:
+            for item in value if isinstance(value, list) else [value]:
+                _numbers(field.message_type, item)
+        elif field.type in _INT64:
+            plain[key] = [int(v) for v in value] if isinstance(value, list) else int(value)
+    return plain
+
+
+def check_config(name: str, config, sig) -> None:
+    """LoadError when a repository model's config.pbtxt does not describe its SavedModel's ``serving_default``
+    signature, as Triton's TensorFlow backend checks it at load: each input and output it lists must be one of the
+    signature's, of the same data type, with dims the signature's shape takes (a -1 in the SavedModel takes any
+    size; after the batch dimension when max_batch_size > 0, and then every input and every listed output must
+    have an unknown 0th dimension)."""
+    where = f"model {name!r}: config.pbtxt"
+    if sig is None:
+        if config.input or config.output:
+            raise LoadError(f"{where} lists inputs or outputs, but the SavedModel has no {DEFAULT_SIGNATURE!r} "
+                            f"signature")  # fmt: skip
+        return
+    data_types = config.DESCRIPTOR.file.enum_types_by_name["DataType"]
+    batched = config.max_batch_size > 0
+    for kind, listed, tensors in (("input", config.input, sig.inputs), ("output", config.output, sig.outputs)):
+        for tensor in listed:
+            spec = tensors.get(tensor.name)
+            if spec is None:
+                raise LoadError(
+                    f"{where}: {kind} {tensor.name!r} is not an {kind} of the SavedModel's {DEFAULT_SIGNATURE!r} "
+                    f"signature (its {kind}s: {sorted(tensors)})"
+                )
+            if tensor.HasField("reshape"):
+                raise LoadError(f"{where}: {kind} {tensor.name!r}: reshape is not supported by servex")
+            given = data_types.values_by_number[tensor.data_type].name
+            expected = _data_type(spec.dtype)
+            if given != expected:
+                raise LoadError(
+                    f"{where}: {kind} {tensor.name!r} is {given}, but the SavedModel's is {expected} "
+                    f"({spec.describe()})"
+                )
+            dims = [-1, *tensor.dims] if batched else list(tensor.dims)
+            shape = spec.shape
+            if shape is not None and (
+                len(dims) != len(shape) or any(m not in (None, d) for d, m in zip(dims, shape, strict=True))
+            ):
+                batch = " after the batch dimension (max_batch_size > 0)" if batched else ""
+                raise LoadError(
+                    f"{where}: {kind} {tensor.name!r} has dims {list(tensor.dims)}{batch}, which the SavedModel's "
+                    f"{spec.describe()} does not take"
+                )
+    if batched:
+        fixed = [
+            f"{alias} {spec.describe()}"
+            for alias, spec in [*sorted(sig.inputs.items()), *[(t.name, sig.outputs[t.name]) for t in config.output]]
+            if spec.shape is None or not spec.shape or spec.shape[0] is not None
+        ]
+        if fixed:
+            raise LoadError(
+                f"{where}: max_batch_size {config.max_batch_size} needs every input of the SavedModel, and every "
+                f"output listed, to have an unknown 0th dimension (the batch), and {', '.join(fixed)} do(es) not; "
+                f"set max_batch_size: 0"
+            )
+
+
+def batching(config) -> BatchingOptions | None:
+    """A repository model's batching: on with ``dynamic_batching``, batches of at most ``max_batch_size`` rows.
+    Triton's ``preferred_batch_size`` and ``max_queue_delay_microseconds`` change nothing: a free worker never
+    waits for a batch to fill, and batches are not padded."""
+    if not config.HasField("dynamic_batching"):
+        return None
+    return BatchingOptions(max_batch_size=config.max_batch_size)

@@ -52,7 +52,7 @@ def test_generated_service_is_servex_v1_graph_executor():
 # by a subprocess: servex's `inference.*` and tritonclient's cannot be loaded into one process.
 _DUMP_SERVEX_INFERENCE = """
 import json
-from protos.inference import grpc_service_pb2 as pb
+from protos.inference import grpc_service_pb2 as pb, model_config_pb2
 
 def fields(d):
     return sorted((f.name, f.number, f.type, f.is_repeated, f.message_type.full_name if f.message_type else "")
@@ -68,9 +68,11 @@ def walk(d, out, enums):
     for nested in d.nested_types:
         walk(nested, out, enums)
 
-out, enums = {}, {e.full_name: values(e) for e in pb.DESCRIPTOR.enum_types_by_name.values()}
-for d in pb.DESCRIPTOR.message_types_by_name.values():
-    walk(d, out, enums)
+out, enums = {}, {}
+for file in (pb.DESCRIPTOR, model_config_pb2.DESCRIPTOR):
+    enums.update({e.full_name: values(e) for e in file.enum_types_by_name.values()})
+    for d in file.message_types_by_name.values():
+        walk(d, out, enums)
 service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
 methods = {m.name: [m.input_type.full_name, m.output_type.full_name, m.client_streaming, m.server_streaming]
            for m in service.methods}
@@ -79,8 +81,7 @@ print(json.dumps({"service": service.full_name, "methods": methods, "messages": 
 
 
 # Messages of Triton's protos that servex's holds in part: only the fields servex fills in.
-_MODEL_CONFIG_SUBSETS = {"inference.ModelConfig", "inference.ModelInput", "inference.ModelOutput",
-                         "inference.ModelDynamicBatching", "inference.ModelStatistics"}  # fmt: skip
+_SUBSETS = {"inference.ModelStatistics"}
 
 
 def test_inference_proto_is_wire_compatible_with_tritonclient():
@@ -113,12 +114,28 @@ def test_inference_proto_is_wire_compatible_with_tritonclient():
             (f.name, f.number, f.type, f.is_repeated, f.message_type.full_name if f.message_type else "")
             for f in descriptor.fields
         )
-        if full_name in _MODEL_CONFIG_SUBSETS:  # the fields servex fills in, each as Triton numbers it
+        if full_name in _SUBSETS:  # the fields servex fills in, each as Triton numbers it
             assert {tuple(f) for f in fields} <= set(expected), full_name
             assert len(fields) >= 2, full_name
         else:
             assert [tuple(f) for f in fields] == expected, full_name
-    assert set(servex["enums"]) == {"inference.DataType", "inference.ModelInput.Format"}
+    # model_config.proto whole: every message and enum of tritonclient's (a config.pbtxt written for Triton parses)
+    from tritonclient.grpc import model_config_pb2 as triton_config
+
+    everything, triton_enums = {}, {}
+
+    def walk(d):
+        everything[d.full_name] = d
+        for e in d.enum_types:
+            triton_enums[e.full_name] = e
+        for nested in d.nested_types:
+            if not nested.GetOptions().map_entry:
+                walk(nested)
+
+    for d in triton_config.DESCRIPTOR.message_types_by_name.values():
+        walk(d)
+    assert set(everything) <= set(servex["messages"])
+    assert {"inference.DataType", "inference.ModelInput.Format", *triton_enums} == set(servex["enums"])
     for full_name, values in servex["enums"].items():
         descriptor = triton.DESCRIPTOR.pool.FindEnumTypeByName(full_name)
         assert [tuple(v) for v in values] == sorted((v.name, v.number) for v in descriptor.values), full_name

@@ -1,0 +1,243 @@
+"""Triton's command line (``tritonserver --model-repository=...``), taken by ``servex`` so that a Triton user switches
+by changing the command's first word.
+
+Given ``--model-repository`` (or ``--model-store``), servex serves a Triton model repository
+(loader/model_repository.py) with Triton's defaults: gRPC on 8001, HTTP (REST) on 8000, metrics on 8002, every
+model loaded at start and nothing changed after (``--model-control-mode=none``), the start failing when a model
+fails to load (``--exit-on-error``), readiness only while every model serves (``--strict-readiness``). TensorFlow
+Serving's flags still apply where given (``--port`` where ``--grpc-port`` is not).
+
+Triton's flags that servex takes, and what they set:
+
+- ``--grpc-port``, ``--http-port``, ``--metrics-port``, ``--allow-http``, ``--allow-metrics`` (``--allow-grpc=false``
+  is refused: servex always serves gRPC), ``--grpc-address``/``--http-address`` (one address: servex binds every
+  port to it);
+- ``--model-control-mode``, ``--repository-poll-secs`` (poll mode; default 15), ``--load-model`` (explicit mode;
+  repeatable, ``*`` for all);
+- ``--exit-on-error``, ``--strict-readiness``, ``--exit-timeout-secs`` (the drain, default 30);
+- ``--grpc-use-ssl``, ``--grpc-server-cert``, ``--grpc-server-key``, ``--grpc-root-cert``, ``--grpc-use-ssl-mutual``:
+  TLS on the gRPC port, as TensorFlow Serving's PEM file flags;
+- ``--log-verbose`` (above 0: debug logging), ``--log-info``, ``--log-warning``, ``--log-error``.
+
+Triton's other flags are taken and noted at start as changing nothing (NO_EFFECT_FLAGS): backends, caches, GPU
+memory pools, tracing, and the like.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+DEFAULT_GRPC_PORT = 8001
+DEFAULT_HTTP_PORT = 8000
+DEFAULT_METRICS_PORT = 8002
+DEFAULT_POLL_SECONDS = 15.0
+DEFAULT_EXIT_TIMEOUT_SECONDS = 30.0
+CONTROL_MODES = ("none", "poll", "explicit")
+
+# Triton flags taken with a value and noted as changing nothing in servex, with why.
+NO_EFFECT_FLAGS = {
+    "id": "servex names itself 'servex' in ServerMetadata",
+    "strict-model-config": "servex completes a config.pbtxt from the SavedModel, as Triton's auto-complete does",
+    "disable-auto-complete-config": "servex completes a config.pbtxt from the SavedModel",
+    "backend-directory": "servex runs TensorFlow SavedModels itself, with no backends",
+    "backend-config": "servex runs TensorFlow SavedModels itself, with no backends",
+    "repoagent-directory": "servex has no repository agents",
+    "model-load-thread-count": "servex loads one version at a time",
+    "model-namespacing": "model names are the folder names",
+    "pinned-memory-pool-byte-size": "servex keeps no pinned memory pool",
+    "cuda-memory-pool-byte-size": "servex keeps no CUDA memory pool",
+    "min-supported-compute-capability": "TensorFlow decides which GPUs it uses",
+    "buffer-manager-thread-count": "servex has no buffer manager",
+    "rate-limit": "servex schedules by priority (see --max_queued_requests)",
+    "rate-limit-resource": "servex schedules by priority",
+    "response-cache-byte-size": "servex caches no responses",
+    "cache-config": "servex caches no responses",
+    "cache-directory": "servex caches no responses",
+    "http-thread-count": "servex's HTTP server runs on its event loop",
+    "http-header-forward-pattern": "servex forwards no headers",
+    "grpc-header-forward-pattern": "servex forwards no headers",
+    "grpc-infer-allocation-pool-size": "servex keeps no allocation pool",
+    "grpc-max-response-pool-size": "servex keeps no response pool",
+    "grpc-keepalive-time": "set gRPC keepalive with --grpc_channel_arguments",
+    "grpc-keepalive-timeout": "set gRPC keepalive with --grpc_channel_arguments",
+    "grpc-keepalive-permit-without-calls": "set gRPC keepalive with --grpc_channel_arguments",
+    "grpc-http2-max-pings-without-data": "set gRPC keepalive with --grpc_channel_arguments",
+    "grpc-http2-min-recv-ping-interval-without-data": "set gRPC keepalive with --grpc_channel_arguments",
+    "grpc-http2-max-ping-strikes": "set gRPC keepalive with --grpc_channel_arguments",
+    "grpc-restricted-protocol": "servex's admin port serves the model repository extension",
+    "http-restricted-api": "servex's admin port serves the model repository extension",
+    "grpc-infer-thread-count": "servex's gRPC calls run on its event loop",
+    "reuse-grpc-port": "servex's listeners share the gRPC port among themselves (--grpc_listeners)",
+    "reuse-http-port": "servex's REST port is one listener",
+    "allow-gpu-metrics": "servex exports no GPU metrics",
+    "allow-cpu-metrics": "servex exports no CPU metrics",
+    "metrics-interval-ms": "servex's metrics are read when scraped",
+    "metrics-config": "servex's metrics are read when scraped",
+    "allow-sagemaker": "servex serves no SageMaker endpoint",
+    "allow-vertex-ai": "servex serves no Vertex AI endpoint",
+    "trace-config": "servex traces no requests",
+    "trace-file": "servex traces no requests",
+    "trace-level": "servex traces no requests",
+    "trace-rate": "servex traces no requests",
+    "host-policy": "servex runs on the CPUs it is given",
+    "enable-peer-access": "servex does not set up GPU peer access",
+    "log-format": "servex logs in its own format",
+    "log-file": "servex logs to standard error",
+    "model-config-name": "servex reads config.pbtxt",
+}
+
+
+def add_triton_flags(p: argparse.ArgumentParser, bool_type) -> None:
+    """Triton's flags, each with a ``triton_`` destination so that none collides with TensorFlow Serving's."""
+    g = p.add_argument_group("Triton's command line (a Triton model repository; see server/triton_flags.py)")
+    g.add_argument(
+        "--model-repository",
+        "--model-store",
+        dest="triton_model_repository",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a Triton model repository (repeatable): each folder is a model",
+    )
+    for flag, default, what in (("grpc-port", DEFAULT_GRPC_PORT, "gRPC"), ("http-port", DEFAULT_HTTP_PORT, "REST"),
+                                ("metrics-port", DEFAULT_METRICS_PORT, "metrics")):  # fmt: skip
+        g.add_argument(f"--{flag}", dest=f"triton_{flag.replace('-', '_')}", type=int, default=None,
+                       help=f"{what} port with a Triton model repository (default {default})")  # fmt: skip
+    for flag in ("grpc-address", "http-address"):
+        g.add_argument(f"--{flag}", dest=f"triton_{flag.replace('-', '_')}", default=None, help="address to bind")
+    for flag, help in (
+        ("allow-grpc", "false is refused: servex always serves gRPC"),
+        ("allow-http", "false: no REST port"),
+        ("allow-metrics", "false: no metrics port"),
+        ("exit-on-error", "exit when a model fails to load at start (default true with a repository)"),
+        ("strict-readiness", "ready only while every model serves (default true with a repository)"),
+        ("grpc-use-ssl", "TLS on the gRPC port (needs --grpc-server-cert and --grpc-server-key)"),
+        ("grpc-use-ssl-mutual", "TLS with client certificates checked against --grpc-root-cert"),
+        ("log-info", "log informational messages (default true)"),
+        ("log-warning", "log warnings (default true)"),
+        ("log-error", "log errors (default true)"),
+    ):
+        g.add_argument(f"--{flag}", dest=f"triton_{flag.replace('-', '_')}", type=bool_type, nargs="?", const=True,
+                       default=None, help=help)  # fmt: skip
+    g.add_argument(
+        "--model-control-mode",
+        dest="triton_model_control_mode",
+        choices=CONTROL_MODES,
+        default=None,
+        help="none: every model at start, no change after; poll: the repositories re-read every "
+        "--repository-poll-secs; explicit: --load-model at start, the repository extension after",
+    )
+    g.add_argument(
+        "--repository-poll-secs",
+        dest="triton_repository_poll_secs",
+        type=float,
+        default=None,
+        help=f"poll mode: seconds between reads of the repositories (default {DEFAULT_POLL_SECONDS:g})",
+    )
+    g.add_argument(
+        "--load-model",
+        dest="triton_load_model",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="explicit mode: a model to load at start (repeatable; * for all)",
+    )
+    g.add_argument(
+        "--exit-timeout-secs",
+        dest="triton_exit_timeout_secs",
+        type=float,
+        default=None,
+        help=f"seconds in-flight calls have at shutdown (default {DEFAULT_EXIT_TIMEOUT_SECONDS:g})",
+    )
+    for flag in ("grpc-server-cert", "grpc-server-key", "grpc-root-cert"):
+        g.add_argument(f"--{flag}", dest=f"triton_{flag.replace('-', '_')}", default="", metavar="FILE",
+                       help="PEM file for --grpc-use-ssl")  # fmt: skip
+    g.add_argument("--log-verbose", dest="triton_log_verbose", type=int, default=None, help="above 0: debug logging")
+    for flag in NO_EFFECT_FLAGS:
+        g.add_argument(f"--{flag}", dest=f"triton_noop_{flag.replace('-', '_')}", nargs="?", const="true",
+                       action="append", default=None, help=argparse.SUPPRESS)  # fmt: skip
+
+
+# TensorFlow Serving's and servex's settings whose defaults become Triton's with a model repository, unless given
+DEFAULTS_REPLACED = ("port", "rest_api_port", "metrics_port", "drain_seconds")
+
+
+def triton_flags_given(args: argparse.Namespace) -> list[str]:
+    """The Triton flags the command line gives (their values are no longer None or empty), as Triton spells them."""
+    return sorted(
+        "--" + dest.removeprefix("triton_").removeprefix("noop_").replace("_", "-")
+        for dest, value in vars(args).items()
+        if dest.startswith("triton_") and value not in (None, [], "")
+    )  # fmt: skip
+
+
+def apply(args: argparse.Namespace, given: set[str], fail, notes: list[str]) -> None:
+    """Turn Triton's flags into TensorFlow Serving's and servex's ``args`` (``given``: those of DEFAULTS_REPLACED the
+    command line sets), with Triton's defaults where a model repository is served; ``fail`` for what cannot be
+    honoured."""
+    for flag in NO_EFFECT_FLAGS:
+        values = getattr(args, f"triton_noop_{flag.replace('-', '_')}")
+        for value in values or ():
+            notes.append(f"--{flag}={value} has no effect in servex: {NO_EFFECT_FLAGS[flag]}")
+    repositories = args.triton_model_repository
+    if not repositories:
+        named = triton_flags_given(args)
+        if named:
+            fail(f"{', '.join(named)}: Triton's flags need --model-repository (Triton's model repository to serve)")
+        return
+    if args.model_config_file is not None or args.model_base_path is not None:
+        fail("--model-repository names the models: give it without --model_config_file and --model_base_path")
+    if args.enable_batching or args.batching_parameters_file:
+        fail("--model-repository: batching is set per model by each config.pbtxt's dynamic_batching, as in Triton; "
+             "give it without --enable_batching and --batching_parameters_file")  # fmt: skip
+    if args.triton_allow_grpc is False:
+        fail("--allow-grpc=false: servex always serves gRPC")
+
+    def port(triton_dest: str, tfs_dest: str, default: int, allowed) -> int:
+        if allowed is False:
+            return 0
+        value = getattr(args, triton_dest)
+        if value is not None:
+            return value
+        return getattr(args, tfs_dest) if tfs_dest in given else default
+
+    args.port = port("triton_grpc_port", "port", DEFAULT_GRPC_PORT, True)
+    args.rest_api_port = port("triton_http_port", "rest_api_port", DEFAULT_HTTP_PORT, args.triton_allow_http)
+    args.metrics_port = port("triton_metrics_port", "metrics_port", DEFAULT_METRICS_PORT, args.triton_allow_metrics)
+    addresses = {a for a in (args.triton_grpc_address, args.triton_http_address) if a is not None}
+    if len(addresses) > 1:
+        fail(f"--grpc-address and --http-address differ ({sorted(addresses)}): servex binds every port to one address")
+    if addresses:
+        args.bind_address = addresses.pop()
+    mode = args.triton_model_control_mode or "none"
+    if args.triton_load_model and mode != "explicit":
+        fail("--load-model needs --model-control-mode=explicit, as in Triton")
+    if args.triton_repository_poll_secs is not None and mode != "poll":
+        notes.append("--repository-poll-secs has no effect without --model-control-mode=poll, as in Triton")
+    if mode == "poll":
+        poll = args.triton_repository_poll_secs
+        poll = DEFAULT_POLL_SECONDS if poll is None else poll
+        if poll <= 0:
+            fail(f"--repository-poll-secs must be more than 0, got {poll:g}")
+        args.file_system_poll_wait_seconds = poll
+    else:  # the versions on disk are read at start (and, explicit, at each load), not watched
+        args.file_system_poll_wait_seconds = 0.0
+    args.triton_model_control_mode = mode
+    args.triton_exit_on_error = True if args.triton_exit_on_error is None else args.triton_exit_on_error
+    args.triton_strict_readiness = True if args.triton_strict_readiness is None else args.triton_strict_readiness
+    if args.triton_exit_timeout_secs is not None:
+        args.drain_seconds = args.triton_exit_timeout_secs
+    elif "drain_seconds" not in given:
+        args.drain_seconds = DEFAULT_EXIT_TIMEOUT_SECONDS
+    if args.triton_grpc_use_ssl or args.triton_grpc_use_ssl_mutual:
+        if args.ssl_config_file or args.ssl_server_cert_file or args.ssl_server_key_file:
+            fail("--grpc-use-ssl and TensorFlow Serving's TLS flags are two ways to give one TLS configuration: "
+                 "give one of them")  # fmt: skip
+        args.ssl_server_cert_file = args.triton_grpc_server_cert
+        args.ssl_server_key_file = args.triton_grpc_server_key
+        args.ssl_custom_ca_file = args.triton_grpc_root_cert
+        args.ssl_client_verify = bool(args.triton_grpc_use_ssl_mutual)
+    if args.triton_log_verbose:
+        args.log_level = "debug"
+    elif args.triton_log_info is False:
+        args.log_level = "error" if args.triton_log_warning is False else "warning"
