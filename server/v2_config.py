@@ -17,6 +17,8 @@ the message.
 
 from __future__ import annotations
 
+import dataclasses
+
 from google.protobuf import json_format
 from google.protobuf.descriptor import FieldDescriptor
 
@@ -112,8 +114,9 @@ def _dims(shape, batched: bool) -> list[int]:
 
 def _completed(config, name: str, sig) -> dict:
     """A repository model's answer: its config.pbtxt as written, completed as Triton's auto-complete does: name,
-    platform, backend, default model file and version policy where left out, and the signature's inputs and
-    outputs that it does not list (dims after the batch dimension when max_batch_size > 0)."""
+    platform, backend, default model file and version policy where left out, the signature's inputs that it does
+    not list, and the signature's outputs when it lists none (dims after the batch dimension when max_batch_size >
+    0)."""
     answer = type(config)()
     answer.CopyFrom(config)
     answer.name = name
@@ -130,12 +133,10 @@ def _completed(config, name: str, sig) -> dict:
             if alias not in listed:
                 added = answer.input.add(name=alias, dims=_dims(spec.shape, batched))
                 added.data_type = data_types.values_by_name[_data_type(spec.dtype)].number
-        listed = {tensor.name for tensor in answer.output}
-        for alias in sig.output_aliases:
-            if alias not in listed:
-                spec = sig.outputs[alias]
-                added = answer.output.add(name=alias, dims=_dims(spec.shape, batched))
-                added.data_type = data_types.values_by_name[_data_type(spec.dtype)].number
+        for alias in sig.output_aliases if not answer.output else ():  # a file listing outputs names them all
+            spec = sig.outputs[alias]
+            added = answer.output.add(name=alias, dims=_dims(spec.shape, batched))
+            added.data_type = data_types.values_by_name[_data_type(spec.dtype)].number
     plain = json_format.MessageToDict(
         answer, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
     )
@@ -219,6 +220,22 @@ def check_config(name: str, config, sig) -> None:
                 f"output listed, to have an unknown 0th dimension (the batch), and {', '.join(fixed)} do(es) not; "
                 f"set max_batch_size: 0"
             )
+
+
+def narrow_outputs(model, config) -> None:
+    """Where a repository model's config.pbtxt lists outputs, they are the model's: its ``serving_default``
+    signature keeps only those, in the file's order, so that a request naming no output gets them (and may name no
+    other), as in Triton. Called at load, after ``check_config``."""
+    sig = model.signatures.get(DEFAULT_SIGNATURE)
+    if sig is None or not config.output:
+        return
+    aliases = tuple(tensor.name for tensor in config.output)
+    model.signatures[DEFAULT_SIGNATURE] = dataclasses.replace(
+        sig,
+        outputs={alias: sig.outputs[alias] for alias in aliases},
+        output_aliases=aliases,
+        output_names=tuple(sig.outputs[alias].name for alias in aliases),
+    )
 
 
 def batching(config) -> BatchingOptions | None:

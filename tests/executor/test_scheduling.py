@@ -521,11 +521,15 @@ def test_a_model_s_own_batching_parameters_replace_the_server_s():
         np.testing.assert_array_equal(result[0], value * 2)
 
 
-def test_a_model_s_own_batching_parameters_do_not_turn_batching_on():
+def test_a_model_s_own_batching_turns_batching_on_for_it_alone():
+    """A Triton config.pbtxt's dynamic_batching (TensorFlow Serving's per-model file is read only with the server's
+    batching on: tests/server/test_app.py)."""
     handler = RunHandler(1)  # batching off for the server
-    executor = SmallBatches()
+    own, other = SmallBatches(), Doubler()
     try:
-        _batched(handler, executor, [np.ones((1, 2), np.float32)] * 3)
+        _batched(handler, own, [np.ones((1, 2), np.float32)] * 5)
+        _batched(handler, other, [np.ones((1, 2), np.float32)] * 3)
     finally:
         handler.close()
-    assert executor.runs == [1, 1, 1]
+    assert own.runs == [2, 2, 1]
+    assert other.runs == [1, 1, 1]

@@ -1,0 +1,270 @@
+"""A Triton model repository served by the real daemon started with Triton's command line (``--model-repository``),
+called with tritonclient over gRPC and HTTP: models named by their folders, SavedModels in
+``VERSION/model.savedmodel``, each config.pbtxt checked against its SavedModel, answered by ModelConfig completed
+from it, and its dynamic_batching batching that model alone; a model that cannot be served is refused with the reason
+(and stops the start, as Triton's --exit-on-error does, unless turned off); poll and explicit model control."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as triton
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.integration.conftest import export_sum
+from tests.integration.daemon import Daemon, free_port, run_to_exit
+
+BATCHED_CONFIG = """
+name: "batched"
+platform: "tensorflow_savedmodel"
+max_batch_size: 8
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 3 ] } ]
+output [ { name: "doubled" data_type: TYPE_FP32 dims: [ 3 ] } ]
+dynamic_batching { max_queue_delay_microseconds: 100 }
+instance_group [ { count: 2 kind: KIND_CPU } ]
+"""
+# The same without dynamic_batching: batches may come in whole (max_batch_size), servex forms none
+UNBATCHED_CONFIG = "\n".join(
+    line for line in BATCHED_CONFIG.splitlines() if not line.startswith(("name:", "dynamic_batching"))
+)
+
+
+@pytest.fixture(scope="module")
+def saved_sum(tmp_path_factory) -> Path:
+    """``export_sum``'s SavedModel (x [None,3] -> doubled, total), its folder."""
+    base = tmp_path_factory.mktemp("sum")
+    export_sum(base)
+    return base / "1"
+
+
+def add_model(repository: Path, name: str, saved_model: Path, config: str | None = None, version: int = 1) -> Path:
+    folder = repository / name
+    shutil.copytree(saved_model, folder / str(version) / "model.savedmodel")
+    if config is not None:
+        (folder / "config.pbtxt").write_text(config)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory, saved_sum, slow_model) -> Path:
+    root = tmp_path_factory.mktemp("repository")
+    add_model(root, "sum", saved_sum, 'platform: "tensorflow_savedmodel"\n')
+    add_model(root, "batched", saved_sum, BATCHED_CONFIG)
+    add_model(root, "unbatched", saved_sum, UNBATCHED_CONFIG)
+    add_model(root, "slow", slow_model / "1")
+    return root
+
+
+def start(tmp_path_factory, *args: str, rest: bool = True) -> Daemon:
+    return Daemon(list(args), tmp_path_factory.mktemp("servex"), rest=rest).wait_serving()
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory, repository):
+    daemon = start(tmp_path_factory, f"--model-repository={repository}", "--num_run_workers=1")
+    yield daemon
+    daemon.stop()
+
+
+def infer(client, model: str, value: np.ndarray, output: str = "doubled") -> np.ndarray:
+    module = triton if isinstance(client, triton.InferenceServerClient) else httpclient
+    tensor = module.InferInput("x", list(value.shape), "FP32")
+    tensor.set_data_from_numpy(value)
+    return client.infer(model, [tensor]).as_numpy(output)
+
+
+def test_every_folder_serves_under_its_name_over_grpc_and_http(daemon):
+    grpc_client = triton.InferenceServerClient(daemon.address)
+    http_client = httpclient.InferenceServerClient(f"127.0.0.1:{daemon.rest_port}")
+    value = np.arange(6, dtype=np.float32).reshape(2, 3)
+    for model in ("sum", "batched", "unbatched"):
+        np.testing.assert_array_equal(infer(grpc_client, model, value), value * 2)
+        np.testing.assert_array_equal(infer(http_client, model, value), value * 2)
+        assert grpc_client.is_model_ready(model)
+    assert grpc_client.is_server_ready() and http_client.is_server_ready()
+    status = json.load(urllib.request.urlopen(f"{daemon.rest_url}/v1/models/batched", timeout=10))
+    assert status["model_version_status"][0]["state"] == "AVAILABLE"
+
+
+def test_model_config_is_the_file_completed_from_the_savedmodel(daemon):
+    grpc_client = triton.InferenceServerClient(daemon.address)
+    http_client = httpclient.InferenceServerClient(f"127.0.0.1:{daemon.rest_port}")
+    for config in (grpc_client.get_model_config("batched", as_json=True)["config"],
+                   http_client.get_model_config("batched")):  # fmt: skip
+        assert config["name"] == "batched" and config["platform"] == "tensorflow_savedmodel"
+        assert config["backend"] == "tensorflow" and config["default_model_filename"] == "model.savedmodel"
+        assert int(config["max_batch_size"]) == 8
+        assert int(config["dynamic_batching"]["max_queue_delay_microseconds"]) == 100
+        assert config["instance_group"][0]["count"] == 2  # kept as written, though it changes nothing
+        assert [(i["name"], [int(d) for d in i["dims"]]) for i in config["input"]] == [("x", [3])]
+        # the file lists 'doubled' alone: the model's outputs are those it lists, as in Triton
+        assert [o["name"] for o in config["output"]] == ["doubled"]
+        assert config["version_policy"] == {"latest": {"num_versions": 1}}
+    config = http_client.get_model_config("sum")  # a file naming the platform alone: everything from the SavedModel
+    assert config["max_batch_size"] == 0 and "dynamic_batching" not in config
+    assert [(i["name"], i["data_type"], i["dims"]) for i in config["input"]] == [("x", "TYPE_FP32", [-1, 3])]
+
+
+def _hold_the_worker(daemon: Daemon) -> threading.Thread:
+    def call():
+        client = triton.InferenceServerClient(daemon.address)
+        tensor = triton.InferInput("iterations", [], "INT64")
+        tensor.set_data_from_numpy(np.array(400_000, np.int64))
+        client.infer("slow", [tensor], client_timeout=60)
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    time.sleep(0.3)
+    return thread
+
+
+def _counts(daemon: Daemon, model: str) -> tuple[int, int]:
+    """(runs, rows) of the model so far, as tritonclient's get_inference_statistics reads them."""
+    stats = triton.InferenceServerClient(daemon.address).get_inference_statistics(model, as_json=True)
+    entry = stats["model_stats"][0]
+    return int(entry.get("execution_count", 0)), int(entry.get("inference_count", 0))
+
+
+@pytest.mark.parametrize(("model", "runs"), [("batched", 1), ("unbatched", 4)])
+def test_dynamic_batching_batches_that_model_alone(daemon, model, runs):
+    runs_before, rows_before = _counts(daemon, model)
+    held = _hold_the_worker(daemon)  # one run worker, busy: the four calls queue together
+    values = [np.full((1, 3), i, np.float32) for i in range(4)]
+    results: dict[int, np.ndarray] = {}
+
+    def call(i):
+        results[i] = infer(triton.InferenceServerClient(daemon.address), model, values[i])
+
+    callers = [threading.Thread(target=call, args=(i,)) for i in range(4)]
+    for caller in callers:
+        caller.start()
+    for caller in callers + [held]:
+        caller.join(60)
+    for i, value in enumerate(values):  # each caller its own rows
+        np.testing.assert_array_equal(results[i], value * 2)
+    runs_after, rows_after = _counts(daemon, model)
+    assert (runs_after - runs_before, rows_after - rows_before) == (runs, 4)
+
+
+def test_a_config_that_does_not_match_the_savedmodel_fails_its_load_naming_both(tmp_path_factory, saved_sum):
+    root = tmp_path_factory.mktemp("mismatch")
+    add_model(root, "good", saved_sum)
+    add_model(root, "wrong_type", saved_sum, 'input [ { name: "x" data_type: TYPE_INT32 dims: [ -1, 3 ] } ]')
+    add_model(root, "wrong_name", saved_sum, 'output [ { name: "sum" data_type: TYPE_FP32 dims: [ -1 ] } ]')
+    add_model(root, "wrong_dims", saved_sum, 'input [ { name: "x" data_type: TYPE_FP32 dims: [ -1, 4 ] } ]')
+    add_model(root, "onnx", saved_sum, 'platform: "onnxruntime_onnx"')
+    # Triton's default: a model that fails at start stops the start
+    result = run_to_exit([f"--model-repository={root}"])
+    assert result.returncode == 1 and "--exit-on-error is true" in result.stderr
+    daemon = start(tmp_path_factory, f"--model-repository={root}", "--exit-on-error=false")
+    try:
+        client = triton.InferenceServerClient(daemon.address)
+        assert client.is_model_ready("good")
+        assert not client.is_server_ready()  # Triton's strict readiness: not every model serves
+        for model, words in (
+            ("wrong_type", ["input 'x' is TYPE_INT32, but the SavedModel's is TYPE_FP32"]),
+            ("wrong_name", ["output 'sum' is not an output", "['doubled', 'total']"]),
+            ("wrong_dims", ["input 'x' has dims [-1, 4]", "DT_FLOAT [-1,3] does not take"]),
+        ):
+            assert not client.is_model_ready(model)
+            status = json.load(urllib.request.urlopen(f"{daemon.rest_url}/v1/models/{model}", timeout=10))
+            message = status["model_version_status"][0]["status"]["error_message"]
+            for word in words:
+                assert word in message, message
+        with pytest.raises(InferenceServerException, match="onnx"):
+            client.get_model_metadata("onnx")
+        assert "platform 'onnxruntime_onnx' cannot be served" in daemon.log()
+    finally:
+        daemon.stop()
+    daemon = start(tmp_path_factory, f"--model-repository={root}", "--exit-on-error=false", "--strict-readiness=false")
+    try:
+        assert triton.InferenceServerClient(daemon.address).is_server_ready()
+    finally:
+        daemon.stop()
+
+
+def test_poll_mode_follows_the_repository(tmp_path_factory, saved_sum):
+    root = tmp_path_factory.mktemp("polled")
+    add_model(root, "first", saved_sum)
+    daemon = start(tmp_path_factory, f"--model-repository={root}", "--model-control-mode=poll",
+                   "--repository-poll-secs=0.3")  # fmt: skip
+    try:
+        client = triton.InferenceServerClient(daemon.address)
+        value = np.ones((1, 3), np.float32)
+        add_model(root, "second", saved_sum)  # a model added
+        add_model(root, "first", saved_sum, version=2)  # a version added
+        (root / "first" / "config.pbtxt").write_text("max_batch_size: 4 dynamic_batching {}")  # its config changed
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            config = client.get_model_config("first", as_json=True)["config"]
+            if client.is_model_ready("second") and client.is_model_ready("first", "2") and config.get("max_batch_size"):
+                break
+            time.sleep(0.2)
+        np.testing.assert_array_equal(infer(client, "second", value), value * 2)
+        assert not client.is_model_ready("first", "1")  # latest 1: version 2 replaced it
+        assert int(client.get_model_config("first", as_json=True)["config"]["max_batch_size"]) == 4
+        shutil.rmtree(root / "second")  # a model removed
+        deadline = time.monotonic() + 30
+        while client.is_model_ready("second") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not client.is_model_ready("second")
+        (root / "first" / "config.pbtxt").write_text("max_batch_sise: 4")  # a broken config: the model stays
+        time.sleep(1.5)
+        np.testing.assert_array_equal(infer(client, "first", value), value * 2)
+        assert "max_batch_sise" in daemon.log()
+    finally:
+        daemon.stop()
+
+
+def test_explicit_mode_loads_what_it_is_told(tmp_path_factory, saved_sum):
+    root = tmp_path_factory.mktemp("explicit")
+    for name in ("a", "b"):
+        add_model(root, name, saved_sum)
+    admin = free_port()
+    daemon = start(tmp_path_factory, f"--model-repository={root}", "--model-control-mode=explicit",
+                   "--load-model=a", f"--admin_port={admin}")  # fmt: skip
+    try:
+        client = triton.InferenceServerClient(daemon.address)
+        repository = triton.InferenceServerClient(f"127.0.0.1:{admin}")  # the repository extension: admin port
+        assert client.is_model_ready("a") and not client.is_model_ready("b")
+        assert client.is_server_ready()
+        index = {m["name"]: m.get("state", "") for m in repository.get_model_repository_index(as_json=True)["models"]}
+        assert index == {"a": "READY", "b": ""}  # b is in the repository, never loaded
+        (root / "b" / "config.pbtxt").write_text("max_batch_size: 2 dynamic_batching {}")  # read at the load
+        repository.load_model("b")
+        assert client.is_model_ready("b")
+        assert int(client.get_model_config("b", as_json=True)["config"]["max_batch_size"]) == 2
+        repository.unload_model("a")
+        assert not client.is_model_ready("a")
+        (root / "a" / "config.pbtxt").write_text('platform: "pytorch_libtorch"')
+        with pytest.raises(InferenceServerException, match="platform 'pytorch_libtorch' cannot be served"):
+            repository.load_model("a")
+        with pytest.raises(InferenceServerException, match="no_such_model"):
+            repository.load_model("no_such_model")
+    finally:
+        daemon.stop()
+    result = run_to_exit([f"--model-repository={root}", "--model-control-mode=explicit", "--load-model=c"])
+    assert result.returncode == 1 and "--load-model c: no such model in the model repositories" in result.stderr
+
+
+def test_in_none_mode_the_repository_extension_refuses_to_load_and_unload(tmp_path_factory, saved_sum):
+    root = tmp_path_factory.mktemp("none")
+    add_model(root, "a", saved_sum)
+    admin = free_port()
+    daemon = start(tmp_path_factory, f"--model-repository={root}", f"--admin_port={admin}")
+    try:
+        repository = triton.InferenceServerClient(f"127.0.0.1:{admin}")
+        for call in (repository.load_model, repository.unload_model):
+            with pytest.raises(InferenceServerException, match="needs --model-control-mode=explicit"):
+                call("a")
+        assert triton.InferenceServerClient(daemon.address).is_model_ready("a")
+    finally:
+        daemon.stop()
