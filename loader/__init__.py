@@ -1,7 +1,8 @@
 """loader: what is served.
 
 Owns reading SavedModels (TF1 and TF2, tag ``serve``) into a graph and session with their signatures, the
-layout of numbered version folders under a model's base path, a version's warm-up records
+layout of numbered version folders under a model's base path, Triton model repositories
+(loader/model_repository.py: folders with a config.pbtxt), a version's warm-up records
 (loader/warmup_records.py), the ModelManager that keeps the served versions, and the ServingError types every
 layer raises. It imports neither `server/` nor `executor/`.
 """

@@ -15,11 +15,13 @@ misspelt field is an error, as in Triton). What servex takes from it:
 - ``default_model_filename``: the folder in each version folder that holds the SavedModel (``model.savedmodel``);
 - ``version_policy``: latest N (default 1), all, specific;
 - ``max_batch_size``, ``input``, ``output``, ``dynamic_batching``: checked against the SavedModel's
-  ``serving_default`` signature when a version loads, and batching per model (server/v2_config.py);
+  ``serving_default`` signature when a version loads, the model's contract, and batching per model
+  (server/v2_config.py);
 - ``parameters`` ``TF_SIGNATURE_DEF`` and ``TF_GRAPH_TAG``: only their defaults (``serving_default``, ``serve``).
 
-Sequence batching and ensembles are refused; fields that change nothing in servex (instance groups, optimization,
-rate limiting, Triton's warm-up, response cache, ...) are listed in ``ModelSpec``-level notes the caller logs.
+Sequence batching, ensembles and batch inputs/outputs are refused (REFUSED); fields that change nothing in servex
+(instance groups, optimization, rate limiting, Triton's warm-up, response cache, ...) come back as notes for the
+caller to log.
 """
 
 from __future__ import annotations

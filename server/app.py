@@ -83,7 +83,7 @@ def make_manager(settings: ServerSettings, warmup: Warmup | None = None) -> Mode
             triton = manager.spec(name).triton_config
             if triton is not None:  # a Triton repository's config.pbtxt: checked against the SavedModel
                 v2_config.check_config(name, triton, model.signatures.get(DEFAULT_SIGNATURE))
-                v2_config.narrow_outputs(model, triton)
+                v2_config.narrow_signature(model, triton)
                 batching = v2_config.batching(triton)
             else:
                 batching = per_model_batching(settings, path)  # a bad file fails the load, naming the file

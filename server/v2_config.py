@@ -2,7 +2,7 @@
 tritonclient's ``get_model_config`` over gRPC (``ModelConfig``) and REST (``GET /v2/models/{name}/config``).
 
 A model of a Triton model repository (``--model-repository``) answers with its config.pbtxt, completed from the
-SavedModel as Triton's auto-complete does (``_completed``), and the file is checked against the SavedModel when a
+SavedModel as Triton's auto-complete does (``completed_config``), and the file is checked against the SavedModel when a
 version loads (``check_config``); its ``dynamic_batching`` turns batching on for it (``batching``).
 
 Other models' configurations are built from what servex serves: the platform (``tensorflow_savedmodel``), the
@@ -37,7 +37,7 @@ def model_config(core: ServingCore, name: str, version: int | None) -> dict:
     sig = served.servable.model.signatures.get(DEFAULT_SIGNATURE)
     triton = core.manager.spec(served.name).triton_config
     if triton is not None:
-        return _completed(triton, served.name, sig)
+        return completed_config(triton, served.name, sig)
     handler = core.run_handler
     batching = handler.batching_for(served.servable)
     inputs = sorted(sig.inputs.items()) if sig is not None else []
@@ -112,7 +112,7 @@ def _dims(shape, batched: bool) -> list[int]:
 # -- a Triton model repository's config.pbtxt ---------------------------------------------------------------------
 
 
-def _completed(config, name: str, sig) -> dict:
+def completed_config(config, name: str, sig) -> dict:
     """A repository model's answer: its config.pbtxt as written, completed as Triton's auto-complete does: name,
     platform, backend, default model file and version policy where left out, the signature's inputs that it does
     not list, and the signature's outputs when it lists none (dims after the batch dimension when max_batch_size >
@@ -222,19 +222,35 @@ def check_config(name: str, config, sig) -> None:
             )
 
 
-def narrow_outputs(model, config) -> None:
-    """Where a repository model's config.pbtxt lists outputs, they are the model's: its ``serving_default``
-    signature keeps only those, in the file's order, so that a request naming no output gets them (and may name no
-    other), as in Triton. Called at load, after ``check_config``."""
+def narrow_signature(model, config) -> None:
+    """A repository model's config.pbtxt is its contract, as in Triton: where it lists outputs, the
+    ``serving_default`` signature keeps only those, in the file's order (a request naming no output gets them, and
+    may name no other); the inputs and outputs it lists take its dims where the SavedModel takes any size (a request
+    of another shape is refused, naming the shape the file gives; the 0th dimension takes any size, as for every
+    model servex serves, and a batch over max_batch_size runs unbatched where Triton refuses it). Called at load,
+    after ``check_config``."""
     sig = model.signatures.get(DEFAULT_SIGNATURE)
-    if sig is None or not config.output:
+    if sig is None or not (config.input or config.output):
         return
-    aliases = tuple(tensor.name for tensor in config.output)
+    batched = config.max_batch_size > 0
+
+    def shaped(spec, tensor):
+        given = tuple(None if d < 0 else int(d) for d in ([-1, *tensor.dims] if batched else tensor.dims))
+        if spec.shape is not None:  # of the same rank (check_config): the SavedModel's sizes, the file's where any
+            given = tuple(c if m is None else m for c, m in zip(given, spec.shape, strict=True))
+        return dataclasses.replace(spec, shape=given)
+
+    inputs = dict(sig.inputs)
+    for tensor in config.input:
+        inputs[tensor.name] = shaped(inputs[tensor.name], tensor)
+    if config.output:
+        aliases = tuple(tensor.name for tensor in config.output)
+        outputs = {tensor.name: shaped(sig.outputs[tensor.name], tensor) for tensor in config.output}
+        names = tuple(sig.outputs[alias].name for alias in aliases)
+    else:
+        aliases, outputs, names = sig.output_aliases, sig.outputs, sig.output_names
     model.signatures[DEFAULT_SIGNATURE] = dataclasses.replace(
-        sig,
-        outputs={alias: sig.outputs[alias] for alias in aliases},
-        output_aliases=aliases,
-        output_names=tuple(sig.outputs[alias].name for alias in aliases),
+        sig, inputs=inputs, outputs=outputs, output_aliases=aliases, output_names=names
     )
 
 

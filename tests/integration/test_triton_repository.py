@@ -54,12 +54,34 @@ def add_model(repository: Path, name: str, saved_model: Path, config: str | None
 
 
 @pytest.fixture(scope="module")
-def repository(tmp_path_factory, saved_sum, slow_model) -> Path:
+def saved_any_width(tmp_path_factory) -> Path:
+    """x [None,None] float32 -> doubled: a SavedModel taking any width, its folder."""
+    import tensorflow as tf
+
+    class AnyWidth(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None, None], tf.float32, name="x")])
+        def serve(self, x):
+            return {"doubled": x * 2.0}
+
+    folder = tmp_path_factory.mktemp("any_width") / "1"
+    module = AnyWidth()
+    tf.saved_model.save(module, str(folder), signatures={"serving_default": module.serve})
+    return folder
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory, saved_sum, saved_any_width, slow_model) -> Path:
     root = tmp_path_factory.mktemp("repository")
     add_model(root, "sum", saved_sum, 'platform: "tensorflow_savedmodel"\n')
     add_model(root, "batched", saved_sum, BATCHED_CONFIG)
     add_model(root, "unbatched", saved_sum, UNBATCHED_CONFIG)
     add_model(root, "slow", slow_model / "1")
+    add_model(
+        root,
+        "three_wide",
+        saved_any_width,
+        'max_batch_size: 4 input [ { name: "x" data_type: TYPE_FP32 dims: [ 3 ] } ]',
+    )
     return root
 
 
@@ -92,6 +114,20 @@ def test_every_folder_serves_under_its_name_over_grpc_and_http(daemon):
     assert grpc_client.is_server_ready() and http_client.is_server_ready()
     status = json.load(urllib.request.urlopen(f"{daemon.rest_url}/v1/models/batched", timeout=10))
     assert status["model_version_status"][0]["state"] == "AVAILABLE"
+
+
+def test_the_config_is_the_contract_requests_are_checked_against(daemon):
+    client = triton.InferenceServerClient(daemon.address)
+    value = np.ones((2, 3), np.float32)
+    np.testing.assert_array_equal(infer(client, "three_wide", value), value * 2)
+    with pytest.raises(InferenceServerException, match=r"INVALID_ARGUMENT.*'x'.*\[-1,3\]"):
+        infer(client, "three_wide", np.ones((2, 4), np.float32))  # the SavedModel takes any width, the file 3
+    with pytest.raises(InferenceServerException, match=r"INVALID_ARGUMENT.*unknown output.*total.*doubled"):
+        tensor = triton.InferInput("x", [1, 3], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 3), np.float32))
+        client.infer("batched", [tensor], outputs=[triton.InferRequestedOutput("total")])  # not in its file
+    metadata = client.get_model_metadata("batched", as_json=True)
+    assert [(o["name"], o["shape"]) for o in metadata["outputs"]] == [("doubled", ["-1", "3"])]
 
 
 def test_model_config_is_the_file_completed_from_the_savedmodel(daemon):
