@@ -467,6 +467,16 @@ class ModelManager(Generic[S]):
     def model_names(self) -> list[str]:
         return sorted(self._models)
 
+    def failed_models(self) -> list[str]:
+        """Models with no version available, or with a version loading or failed (not unloaded): what keeps a
+        strictly ready server unready."""
+        with self._lock:
+            return sorted(
+                name for name, m in self._models.items()
+                if not m.available()
+                or any(sv.state == LOADING or (sv.state == END and sv.error is not None) for sv in m.versions.values())
+            )  # fmt: skip
+
     def available_models(self) -> list[str]:
         with self._lock:
             return sorted(name for name, m in self._models.items() if m.available())

@@ -156,7 +156,10 @@ def _policy(config, where: str) -> VersionPolicy:
     if which is None:
         return VersionPolicy("latest", num_versions=1)
     if which == "latest":
-        return VersionPolicy("latest", num_versions=max(1, policy.latest.num_versions))
+        if policy.latest.num_versions < 1:  # Triton fails such a model: no version is under its policy
+            raise InvalidArgument(f"{where}: version_policy latest num_versions must be at least 1 (no version "
+                                  f"would be available under the version policy)")  # fmt: skip
+        return VersionPolicy("latest", num_versions=policy.latest.num_versions)
     if which == "all":
         return VersionPolicy("all")
     versions = frozenset(policy.specific.versions)

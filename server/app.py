@@ -37,7 +37,7 @@ from protos.servex.v1 import batching_pb2, graph_executor_pb2, graph_executor_pb
 from server import tls, v2_config
 from server.admin import BearerTokenInterceptor, VariableService
 from server.affinity import LoopPin
-from server.core import DEFAULT_SIGNATURE, ServingCore
+from server.core import ServingCore
 from server.graph_service import GraphExecutorService
 from server.listeners import ListenerGroup, refuse_if_served
 from server.metrics import model_load, register_triton_names, start_metrics_server, watch_loop_lag
@@ -81,10 +81,12 @@ def make_manager(settings: ServerSettings, warmup: Warmup | None = None) -> Mode
         )
         try:
             triton = manager.spec(name).triton_config
-            if triton is not None:  # a Triton repository's config.pbtxt: checked against the SavedModel
-                v2_config.check_config(name, triton, model.signatures.get(DEFAULT_SIGNATURE))
-                v2_config.narrow_signature(model, triton)
-                batching = v2_config.batching(triton)
+            model_config = None
+            if triton is not None:  # a Triton repository's config.pbtxt: checked against the SavedModel, completed
+                model_config = v2_config.load_config(
+                    name, triton, model, settings.triton_auto_complete, settings.triton_default_max_batch_size
+                )
+                batching = v2_config.batching(model_config)
             else:
                 batching = per_model_batching(settings, path)  # a bad file fails the load, naming the file
         except (OSError, ServingError):
@@ -99,6 +101,7 @@ def make_manager(settings: ServerSettings, warmup: Warmup | None = None) -> Mode
             metrics=CacheMetrics(name, str(version)),
         )
         executor.batching = batching
+        executor.model_config = model_config  # a Triton repository model's effective config (ModelConfig answers it)
         if warmup is not None:
             try:
                 warmup(name, version, path, executor)  # before the version serves
@@ -276,7 +279,7 @@ class Lifecycle:
         self.settings = settings
         self._known: set[str] = set()
         self.specs: list[ModelSpec] = []  # the config last applied (the KServe v2 repository edits it)
-        # The Triton repositories' models that cannot be served, and why (they keep a strict server unready)
+        # The Triton repositories' models that cannot be served, and why (logged once each)
         self.refused: dict[str, str] = {}
         # One config change at a time (reloads, the config file's polls, the repository extension), so that specs
         # is always the config the manager serves.
@@ -444,7 +447,6 @@ async def serve(settings: ServerSettings) -> int:
     kserve.add_to_server(core, server, settings.max_message_bytes)
     health_servicer = health.aio.HealthServicer()
     lifecycle = Lifecycle(manager, health_servicer, settings)
-    core.unservable = lifecycle.refused
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(
         ModelService(core, lifecycle.apply, settings.process_group_size), server
     )
@@ -497,12 +499,13 @@ async def serve(settings: ServerSettings) -> int:
                 log.error("%s", problem)
             available = manager.available_models()
             core.started = True
-            explicit = settings.model_repositories and settings.model_control_mode == "explicit"
-            if not available and not (explicit and not specs):  # explicit: the repository extension loads later
-                log.error("no model loaded, nothing to serve: %s", "; ".join(problems) or "no model configured")
+            failed = sorted(set(refused) | set(manager.failed_models()))
+            if settings.model_repositories and failed and settings.exit_on_error:
+                log.error("model(s) %s did not load, and --exit-on-error is true (Triton's default): exiting",
+                          ", ".join(failed))  # fmt: skip
                 exit_code = 1
-            elif problems and settings.exit_on_error:
-                log.error("not every model loaded, and --exit-on-error is true (Triton's default): exiting")
+            elif not available and not settings.model_repositories:  # a repository may start empty, as Triton's
+                log.error("no model loaded, nothing to serve: %s", "; ".join(problems) or "no model configured")
                 exit_code = 1
             elif in_group and not await ports.open():
                 exit_code = 1

@@ -392,7 +392,7 @@ def parse_settings(argv: list[str] | None = None) -> Parsed:
     notes = tfserving_flags.check_other_flags(args, fail)
     given = tfserving_flags.given_flags(build_parser(), argv, triton_flags.DEFAULTS_REPLACED)
     triton_flags.apply(args, set(given), fail, notes)
-    repositories = tuple(args.triton_model_repository)
+    repositories = tuple(args.triton_model_repository)  # each once
     prefetch = {}
     for item in args.prefetch_variables:
         model, sep, names = item.partition("=")
@@ -514,6 +514,8 @@ def parse_settings(argv: list[str] | None = None) -> Parsed:
         load_models=tuple(args.triton_load_model),
         exit_on_error=bool(repositories and args.triton_exit_on_error),
         strict_readiness=bool(repositories and args.triton_strict_readiness),
+        triton_auto_complete=getattr(args, "triton_auto_complete", True),
+        triton_default_max_batch_size=getattr(args, "triton_default_max_batch_size", 4),
         file_system_poll_wait_seconds=args.file_system_poll_wait_seconds,
         max_num_load_retries=args.max_num_load_retries,
         load_retry_interval_micros=args.load_retry_interval_micros,

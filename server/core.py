@@ -137,7 +137,6 @@ class ServingCore:
         # Set once the models of the start-up config have loaded (or failed): the ports serve before that.
         self.started = False
         self.strict_readiness = False  # ready only while every configured model serves (see ready)
-        self.unservable: dict[str, str] = {}  # configured models that cannot be served (a Triton repository's)
         self.log_settings = LogSettings()  # Triton's log settings, every protocol's (the app sets the group size)
 
     def ready(self) -> bool:
@@ -145,12 +144,13 @@ class ServingCore:
         health's SERVING says, and a model serves. A model or version that fails later does not make the server
         unready (Triton's --strict-readiness=false); each model's own readiness is exact. With
         ``strict_readiness`` (Triton's default, servex's with a Triton model repository), every configured model
-        must serve."""
+        must serve and none may have a version loading or failed, as Triton's every version READY (a repository
+        model whose config.pbtxt cannot be read is not configured: it is logged, and a served one keeps serving)."""
         if not self.started:
             return False
         available = self.manager.available_models()
         if self.strict_readiness:  # no model at all (explicit model control, none loaded yet) is ready, as in Triton
-            return not self.unservable and len(available) == len(self.manager.model_names())
+            return len(available) == len(self.manager.model_names()) and not self.manager.failed_models()
         return bool(available)
 
     # -- resolution ------------------------------------------------------------------------------------

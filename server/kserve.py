@@ -436,11 +436,15 @@ class RepositoryService(_ServerCalls, _ModelCalls, pb_grpc.GRPCInferenceServiceS
                         f"failed to load {name!r}: parameter {BASE_PATH!r} must be a string_param naming a folder"
                     )
                 spec = ModelSpec(name, param.string_param)
-            else:
-                # A repository's model is read again (its config.pbtxt may have changed), as Triton reloads it.
+            elif self.lifecycle.settings.model_repositories:
+                # Read again from the repositories (its config.pbtxt may have changed), as Triton reloads it.
                 loop = asyncio.get_running_loop()
                 spec = await loop.run_in_executor(None, self.lifecycle.repository_model, name)
-                spec = spec or specs.get(name) or self.unloaded.get(name)
+                if spec is None:
+                    raise NotFound(f"failed to load {name!r}: no model {name!r} in any model repository "
+                                   f"({', '.join(self.lifecycle.settings.model_repositories)})")  # fmt: skip
+            else:
+                spec = specs.get(name) or self.unloaded.get(name)
                 if spec is None:
                     known = ", ".join(sorted(set(specs) | set(self.unloaded))) or "none"
                     raise NotFound(

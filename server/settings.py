@@ -69,6 +69,12 @@ class ServerSettings:
     model_control_mode: str = "none"
     # With model_control_mode "explicit": the models loaded at start ("*": all of them).
     load_models: tuple[str, ...] = ()
+    # Triton's auto-complete of a repository model's config.pbtxt from its SavedModel: with it, a model whose
+    # SavedModel batches and whose file gives no max_batch_size gets triton_default_max_batch_size, and dynamic
+    # batching where that is more than 1 (Triton's --disable-auto-complete-config turns it off; its
+    # --backend-config=tensorflow,default-max-batch-size=N sets N). Inputs and outputs are completed either way.
+    triton_auto_complete: bool = True
+    triton_default_max_batch_size: int = 4
     # Exit (code 1) when a model fails to load at start, where servex otherwise serves the others (Triton's
     # --exit-on-error, default true there).
     exit_on_error: bool = False

@@ -12,12 +12,15 @@ Triton's flags that servex takes, and what they set:
 - ``--grpc-port``, ``--http-port``, ``--metrics-port``, ``--allow-http``, ``--allow-metrics`` (``--allow-grpc=false``
   is refused: servex always serves gRPC), ``--grpc-address``/``--http-address`` (one address: servex binds every
   port to it);
-- ``--model-control-mode``, ``--repository-poll-secs`` (poll mode; default 15), ``--load-model`` (explicit mode;
-  repeatable, ``*`` for all);
+- ``--model-control-mode`` (any case), ``--repository-poll-secs`` (poll mode; default 15), ``--load-model``
+  (explicit mode, which needs servex's ``--admin_port``: the repository extension is served there; repeatable,
+  ``*`` alone for all), ``--model-load-retry-count``;
+- ``--disable-auto-complete-config`` and ``--strict-model-config=true`` (no max_batch_size from the SavedModel),
+  ``--backend-config`` (TensorFlow's ``default-max-batch-size``, default 4);
 - ``--exit-on-error``, ``--strict-readiness``, ``--exit-timeout-secs`` (the drain, default 30);
 - ``--grpc-use-ssl``, ``--grpc-server-cert``, ``--grpc-server-key``, ``--grpc-root-cert``, ``--grpc-use-ssl-mutual``:
   TLS on the gRPC port, as TensorFlow Serving's PEM file flags;
-- ``--log-verbose`` (above 0: debug logging), ``--log-info``, ``--log-warning``, ``--log-error``.
+- ``--log-verbose`` (above 0, or true: debug logging), ``--log-info``, ``--log-warning``, ``--log-error``.
 
 Triton's other flags are taken and noted at start as changing nothing (NO_EFFECT_FLAGS): backends, caches, GPU
 memory pools, tracing, and the like.
@@ -37,10 +40,15 @@ CONTROL_MODES = ("none", "poll", "explicit")
 # Triton flags taken with a value and noted as changing nothing in servex, with why.
 NO_EFFECT_FLAGS = {
     "id": "servex names itself 'servex' in ServerMetadata",
-    "strict-model-config": "servex completes a config.pbtxt from the SavedModel, as Triton's auto-complete does",
-    "disable-auto-complete-config": "servex completes a config.pbtxt from the SavedModel",
     "backend-directory": "servex runs TensorFlow SavedModels itself, with no backends",
-    "backend-config": "servex runs TensorFlow SavedModels itself, with no backends",
+    "metrics-address": "servex binds every port to one address (--grpc-address, --http-address, --bind_address)",
+    "grpc-infer-response-compression-level": "servex answers uncompressed",
+    "grpc-max-connection-age": "set it with --grpc_channel_arguments=grpc.max_connection_age_ms=...",
+    "grpc-max-connection-age-grace": "set it with --grpc_channel_arguments=grpc.max_connection_age_grace_ms=...",
+    "trace-count": "servex traces no requests",
+    "trace-log-frequency": "servex traces no requests",
+    "cuda-virtual-address-size": "servex keeps no CUDA memory pool",
+    "model-load-gpu-limit": "TensorFlow decides the GPU memory a model takes (see --per_process_gpu_memory_fraction)",
     "repoagent-directory": "servex has no repository agents",
     "model-load-thread-count": "servex loads one version at a time",
     "model-namespacing": "model names are the folder names",
@@ -87,6 +95,17 @@ NO_EFFECT_FLAGS = {
 }
 
 
+def _int_or_bool(text: str) -> int:
+    """Triton's integer flags that also take true and false (--log-verbose)."""
+    lowered = text.strip().lower()
+    if lowered in ("true", "false"):
+        return int(lowered == "true")
+    try:
+        return int(lowered)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, true or false, got {text!r}") from None
+
+
 def add_triton_flags(p: argparse.ArgumentParser, bool_type) -> None:
     """Triton's flags, each with a ``triton_`` destination so that none collides with TensorFlow Serving's."""
     g = p.add_argument_group("Triton's command line (a Triton model repository; see server/triton_flags.py)")
@@ -122,6 +141,7 @@ def add_triton_flags(p: argparse.ArgumentParser, bool_type) -> None:
     g.add_argument(
         "--model-control-mode",
         dest="triton_model_control_mode",
+        type=str.lower,
         choices=CONTROL_MODES,
         default=None,
         help="none: every model at start, no change after; poll: the repositories re-read every "
@@ -152,7 +172,46 @@ def add_triton_flags(p: argparse.ArgumentParser, bool_type) -> None:
     for flag in ("grpc-server-cert", "grpc-server-key", "grpc-root-cert"):
         g.add_argument(f"--{flag}", dest=f"triton_{flag.replace('-', '_')}", default="", metavar="FILE",
                        help="PEM file for --grpc-use-ssl")  # fmt: skip
-    g.add_argument("--log-verbose", dest="triton_log_verbose", type=int, default=None, help="above 0: debug logging")
+    g.add_argument(
+        "--log-verbose",
+        dest="triton_log_verbose",
+        type=_int_or_bool,
+        default=None,
+        help="above 0 (or true): debug logging",
+    )
+    g.add_argument(
+        "--model-load-retry-count",
+        dest="triton_model_load_retry_count",
+        type=int,
+        default=None,
+        help="retries of a failed load (servex's --max_num_load_retries)",
+    )
+    g.add_argument(
+        "--disable-auto-complete-config",
+        dest="triton_disable_auto_complete_config",
+        type=bool_type,
+        nargs="?",
+        const=True,
+        default=None,
+        help="no max_batch_size from the SavedModel",
+    )
+    g.add_argument(
+        "--strict-model-config",
+        dest="triton_strict_model_config",
+        type=bool_type,
+        nargs="?",
+        const=True,
+        default=None,
+        help="true: as --disable-auto-complete-config",
+    )
+    g.add_argument(
+        "--backend-config",
+        dest="triton_backend_config",
+        action="append",
+        default=[],
+        metavar="[BACKEND,]SETTING=VALUE",
+        help="tensorflow's default-max-batch-size is taken",
+    )
     for flag in NO_EFFECT_FLAGS:
         g.add_argument(f"--{flag}", dest=f"triton_noop_{flag.replace('-', '_')}", nargs="?", const="true",
                        action="append", default=None, help=argparse.SUPPRESS)  # fmt: skip
@@ -179,7 +238,8 @@ def apply(args: argparse.Namespace, given: set[str], fail, notes: list[str]) -> 
         values = getattr(args, f"triton_noop_{flag.replace('-', '_')}")
         for value in values or ():
             notes.append(f"--{flag}={value} has no effect in servex: {NO_EFFECT_FLAGS[flag]}")
-    repositories = args.triton_model_repository
+    repositories = list(dict.fromkeys(args.triton_model_repository))  # Triton keeps a set: a path given twice is one
+    args.triton_model_repository = repositories
     if not repositories:
         named = triton_flags_given(args)
         if named:
@@ -211,7 +271,14 @@ def apply(args: argparse.Namespace, given: set[str], fail, notes: list[str]) -> 
         args.bind_address = addresses.pop()
     mode = args.triton_model_control_mode or "none"
     if args.triton_load_model and mode != "explicit":
-        fail("--load-model needs --model-control-mode=explicit, as in Triton")
+        notes.append(f"--load-model has no effect without --model-control-mode=explicit (mode {mode}), as in Triton")
+        args.triton_load_model = []
+    if "*" in args.triton_load_model and len(args.triton_load_model) > 1:
+        fail("--load-model=* loads every model: give it alone, as Triton requires")
+    if mode == "explicit" and not (args.admin_port or args.admin_token_file):
+        fail("--model-control-mode=explicit: servex serves the model repository extension (load_model, unload_model) "
+             "on its admin port, not on the inference ports as Triton does: give --admin_port (on loopback unless "
+             "--admin_token_file is given too)")  # fmt: skip
     if args.triton_repository_poll_secs is not None and mode != "poll":
         notes.append("--repository-poll-secs has no effect without --model-control-mode=poll, as in Triton")
     if mode == "poll":
@@ -237,6 +304,22 @@ def apply(args: argparse.Namespace, given: set[str], fail, notes: list[str]) -> 
         args.ssl_server_key_file = args.triton_grpc_server_key
         args.ssl_custom_ca_file = args.triton_grpc_root_cert
         args.ssl_client_verify = bool(args.triton_grpc_use_ssl_mutual)
+    if args.triton_model_load_retry_count is not None:
+        args.max_num_load_retries = args.triton_model_load_retry_count
+    args.triton_auto_complete = not (args.triton_disable_auto_complete_config or args.triton_strict_model_config)
+    args.triton_default_max_batch_size = 4  # Triton's default
+    for item in args.triton_backend_config:
+        backend, _, setting = item.partition(",") if "," in item else ("", "", item)
+        key, eq, value = setting.partition("=")
+        if not eq or backend not in ("", "tensorflow"):
+            notes.append(f"--backend-config={item} has no effect in servex: it runs TensorFlow SavedModels itself")
+        elif key == "default-max-batch-size":
+            try:
+                args.triton_default_max_batch_size = int(value)
+            except ValueError:
+                fail(f"--backend-config={item}: default-max-batch-size must be an integer")
+        else:
+            notes.append(f"--backend-config={item} has no effect in servex: only default-max-batch-size is taken")
     if args.triton_log_verbose:
         args.log_level = "debug"
     elif args.triton_log_info is False:

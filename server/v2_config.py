@@ -35,9 +35,9 @@ def model_config(core: ServingCore, name: str, version: int | None) -> dict:
     # A model without serving_default (what a v2 call runs unless it names another signature) serves all the
     # same: it is described with no inputs or outputs, as its metadata is.
     sig = served.servable.model.signatures.get(DEFAULT_SIGNATURE)
-    triton = core.manager.spec(served.name).triton_config
-    if triton is not None:
-        return completed_config(triton, served.name, sig)
+    effective = getattr(served.servable, "model_config", None)  # a Triton repository model's, made at load
+    if effective is not None:
+        return as_dict(effective)
     handler = core.run_handler
     batching = handler.batching_for(served.servable)
     inputs = sorted(sig.inputs.items()) if sig is not None else []
@@ -112,11 +112,25 @@ def _dims(shape, batched: bool) -> list[int]:
 # -- a Triton model repository's config.pbtxt ---------------------------------------------------------------------
 
 
-def completed_config(config, name: str, sig) -> dict:
-    """A repository model's answer: its config.pbtxt as written, completed as Triton's auto-complete does: name,
-    platform, backend, default model file and version policy where left out, the signature's inputs that it does
-    not list, and the signature's outputs when it lists none (dims after the batch dimension when max_batch_size >
-    0)."""
+def load_config(name: str, config, model, auto_complete: bool = True, default_max_batch_size: int = 4):
+    """A repository model version's effective config, made when it loads: its config.pbtxt checked against the
+    SavedModel (``check_config``) and completed from it (``completed_config``); the model's signature then follows
+    it (``narrow_signature``). LoadError where they disagree."""
+    sig = model.signatures.get(DEFAULT_SIGNATURE)
+    effective = completed_config(config, name, sig, auto_complete, default_max_batch_size)
+    check_config(name, config, effective.max_batch_size, sig)
+    narrow_signature(model, config, effective.max_batch_size)
+    return effective
+
+
+def completed_config(config, name: str, sig, auto_complete: bool = True, default_max_batch_size: int = 4):
+    """A copy of a repository model's config.pbtxt completed as Triton's auto-complete completes it: name, platform,
+    backend, default model file and version policy where left out; with ``auto_complete``, a ``max_batch_size`` of
+    ``default_max_batch_size`` where the file gives none and the SavedModel batches (every input and output has an
+    unknown 0th dimension, and the dims the file lists leave it out), with dynamic batching where that is more than
+    1 and the file names no scheduler (Triton's TensorFlow backend, ``--backend-config=default-max-batch-size``);
+    the signature's inputs that it does not list, and its outputs when it lists none (dims after the batch dimension
+    when max_batch_size > 0)."""
     answer = type(config)()
     answer.CopyFrom(config)
     answer.name = name
@@ -125,22 +139,45 @@ def completed_config(config, name: str, sig) -> dict:
     answer.default_model_filename = answer.default_model_filename or DEFAULT_MODEL_FILENAME
     if not answer.HasField("version_policy"):
         answer.version_policy.latest.num_versions = 1
-    if sig is not None:
-        data_types = answer.DESCRIPTOR.file.enum_types_by_name["DataType"]
-        batched = answer.max_batch_size > 0
-        listed = {tensor.name for tensor in answer.input}
-        for alias, spec in sorted(sig.inputs.items()):
-            if alias not in listed:
-                added = answer.input.add(name=alias, dims=_dims(spec.shape, batched))
-                added.data_type = data_types.values_by_name[_data_type(spec.dtype)].number
-        for alias in sig.output_aliases if not answer.output else ():  # a file listing outputs names them all
-            spec = sig.outputs[alias]
-            added = answer.output.add(name=alias, dims=_dims(spec.shape, batched))
+    if sig is None:
+        return answer
+    if auto_complete and answer.max_batch_size == 0 and default_max_batch_size > 0 and _batches(config, sig):
+        answer.max_batch_size = default_max_batch_size
+        if default_max_batch_size > 1 and answer.WhichOneof("scheduling_choice") is None:
+            answer.dynamic_batching.SetInParent()
+    data_types = answer.DESCRIPTOR.file.enum_types_by_name["DataType"]
+    batched = answer.max_batch_size > 0
+    listed = {tensor.name for tensor in answer.input}
+    for alias, spec in sorted(sig.inputs.items()):
+        if alias not in listed:
+            added = answer.input.add(name=alias, dims=_dims(spec.shape, batched))
             added.data_type = data_types.values_by_name[_data_type(spec.dtype)].number
+    for alias in sig.output_aliases if not answer.output else ():  # a file listing outputs names them all
+        spec = sig.outputs[alias]
+        added = answer.output.add(name=alias, dims=_dims(spec.shape, batched))
+        added.data_type = data_types.values_by_name[_data_type(spec.dtype)].number
+    return answer
+
+
+def _batches(config, sig) -> bool:
+    """Whether a SavedModel batches as Triton's TensorFlow backend infers it for a config without
+    max_batch_size: every input and output has an unknown 0th dimension, and the dims the config lists (if any)
+    leave that dimension out."""
+    listed = {t.name: len(t.dims) for t in [*config.input, *config.output]}
+    for alias, spec in [*sig.inputs.items(), *sig.outputs.items()]:
+        if spec.shape is None or not spec.shape or spec.shape[0] is not None:
+            return False
+        if alias in listed and listed[alias] != len(spec.shape) - 1:
+            return False
+    return True
+
+
+def as_dict(config) -> dict:
+    """A ModelConfig in Triton's JSON form: every field, 64-bit integers as numbers."""
     plain = json_format.MessageToDict(
-        answer, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+        config, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
     )
-    return _numbers(answer.DESCRIPTOR, plain)
+    return _numbers(config.DESCRIPTOR, plain)
 
 
 _INT64 = {FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_SINT64,
@@ -167,12 +204,14 @@ def _numbers(descriptor, plain: dict) -> dict:
     return plain
 
 
-def check_config(name: str, config, sig) -> None:
+def check_config(name: str, config, max_batch_size: int, sig) -> None:
     """LoadError when a repository model's config.pbtxt does not describe its SavedModel's ``serving_default``
-    signature, as Triton's TensorFlow backend checks it at load: each input and output it lists must be one of the
-    signature's, of the same data type, with dims the signature's shape takes (a -1 in the SavedModel takes any
-    size; after the batch dimension when max_batch_size > 0, and then every input and every listed output must
-    have an unknown 0th dimension)."""
+    signature, as Triton's TensorFlow backend checks it at load: the inputs it lists must be all those the
+    signature needs (those without a default); each input and output it lists must be one of the signature's, of
+    the same data type, with dims -1 or at least 1 that the signature's shape takes (an input may fix a size the
+    SavedModel leaves open; an output's dims must be the SavedModel's exactly, -1 where it has none), after the
+    batch dimension when ``max_batch_size`` (the file's, or auto-complete's) is above 0, and then every input and
+    every listed output must have an unknown 0th dimension."""
     where = f"model {name!r}: config.pbtxt"
     if sig is None:
         if config.input or config.output:
@@ -180,7 +219,7 @@ def check_config(name: str, config, sig) -> None:
                             f"signature")  # fmt: skip
         return
     data_types = config.DESCRIPTOR.file.enum_types_by_name["DataType"]
-    batched = config.max_batch_size > 0
+    batched = max_batch_size > 0
     for kind, listed, tensors in (("input", config.input, sig.inputs), ("output", config.output, sig.outputs)):
         for tensor in listed:
             spec = tensors.get(tensor.name)
@@ -191,6 +230,9 @@ def check_config(name: str, config, sig) -> None:
                 )
             if tensor.HasField("reshape"):
                 raise LoadError(f"{where}: {kind} {tensor.name!r}: reshape is not supported by servex")
+            if any(d == 0 or d < -1 for d in tensor.dims):
+                raise LoadError(f"{where}: {kind} {tensor.name!r} has dims {list(tensor.dims)}: each must be -1 "
+                                f"(any size) or at least 1")  # fmt: skip
             given = data_types.values_by_number[tensor.data_type].name
             expected = _data_type(spec.dtype)
             if given != expected:
@@ -200,14 +242,23 @@ def check_config(name: str, config, sig) -> None:
                 )
             dims = [-1, *tensor.dims] if batched else list(tensor.dims)
             shape = spec.shape
-            if shape is not None and (
-                len(dims) != len(shape) or any(m not in (None, d) for d, m in zip(dims, shape, strict=True))
-            ):
+            if kind == "output":  # exactly the SavedModel's, as Triton compares outputs
+                fits = shape is None or dims == [-1 if m is None else m for m in shape]
+            else:
+                fits = shape is None or (
+                    len(dims) == len(shape) and all(m in (None, d) for d, m in zip(dims, shape, strict=True))
+                )
+            if not fits:
                 batch = " after the batch dimension (max_batch_size > 0)" if batched else ""
                 raise LoadError(
                     f"{where}: {kind} {tensor.name!r} has dims {list(tensor.dims)}{batch}, which the SavedModel's "
                     f"{spec.describe()} does not take"
                 )
+    required = sorted(set(sig.inputs) - set(sig.defaults))
+    missing = [alias for alias in required if alias not in {t.name for t in config.input}]
+    if config.input and missing:
+        raise LoadError(f"{where}: it lists {len(config.input)} input(s), and the SavedModel's {DEFAULT_SIGNATURE!r} "
+                        f"signature needs {len(required)}: {missing} missing (list them all, or none)")  # fmt: skip
     if batched:
         fixed = [
             f"{alias} {spec.describe()}"
@@ -216,23 +267,23 @@ def check_config(name: str, config, sig) -> None:
         ]
         if fixed:
             raise LoadError(
-                f"{where}: max_batch_size {config.max_batch_size} needs every input of the SavedModel, and every "
+                f"{where}: max_batch_size {max_batch_size} needs every input of the SavedModel, and every "
                 f"output listed, to have an unknown 0th dimension (the batch), and {', '.join(fixed)} do(es) not; "
                 f"set max_batch_size: 0"
             )
 
 
-def narrow_signature(model, config) -> None:
+def narrow_signature(model, config, max_batch_size: int) -> None:
     """A repository model's config.pbtxt is its contract, as in Triton: where it lists outputs, the
     ``serving_default`` signature keeps only those, in the file's order (a request naming no output gets them, and
     may name no other); the inputs and outputs it lists take its dims where the SavedModel takes any size (a request
     of another shape is refused, naming the shape the file gives; the 0th dimension takes any size, as for every
-    model servex serves, and a batch over max_batch_size runs unbatched where Triton refuses it). Called at load,
-    after ``check_config``."""
+    model servex serves, and a batch over max_batch_size runs unbatched where Triton refuses it). ``max_batch_size``
+    is the file's or auto-complete's. Called at load, after ``check_config``."""
     sig = model.signatures.get(DEFAULT_SIGNATURE)
     if sig is None or not (config.input or config.output):
         return
-    batched = config.max_batch_size > 0
+    batched = max_batch_size > 0
 
     def shaped(spec, tensor):
         given = tuple(None if d < 0 else int(d) for d in ([-1, *tensor.dims] if batched else tensor.dims))

@@ -76,6 +76,7 @@ def repository(tmp_path_factory, saved_sum, saved_any_width, slow_model) -> Path
     add_model(root, "batched", saved_sum, BATCHED_CONFIG)
     add_model(root, "unbatched", saved_sum, UNBATCHED_CONFIG)
     add_model(root, "slow", slow_model / "1")
+    add_model(root, "auto", saved_any_width)  # no config.pbtxt: Triton's auto-complete gives it batching
     add_model(
         root,
         "three_wide",
@@ -145,8 +146,29 @@ def test_model_config_is_the_file_completed_from_the_savedmodel(daemon):
         assert [o["name"] for o in config["output"]] == ["doubled"]
         assert config["version_policy"] == {"latest": {"num_versions": 1}}
     config = http_client.get_model_config("sum")  # a file naming the platform alone: everything from the SavedModel
-    assert config["max_batch_size"] == 0 and "dynamic_batching" not in config
+    assert config["max_batch_size"] == 0 and "dynamic_batching" not in config  # 'total' has no batch dimension
     assert [(i["name"], i["data_type"], i["dims"]) for i in config["input"]] == [("x", "TYPE_FP32", [-1, 3])]
+
+
+def test_auto_complete_gives_a_batching_savedmodel_tritons_default_batching(daemon):
+    config = httpclient.InferenceServerClient(f"127.0.0.1:{daemon.rest_port}").get_model_config("auto")
+    assert config["max_batch_size"] == 4 and "dynamic_batching" in config  # Triton's default-max-batch-size
+    assert [(i["name"], i["dims"]) for i in config["input"]] == [("x", [-1])]
+    client = triton.InferenceServerClient(daemon.address)
+    runs_before, rows_before = _counts(daemon, "auto")
+    held = _hold_the_worker(daemon)
+    values = [np.full((1, 2), i, np.float32) for i in range(3)]
+    results: dict[int, np.ndarray] = {}
+    callers = [threading.Thread(target=lambda i=i: results.__setitem__(i, infer(client, "auto", values[i])))
+               for i in range(3)]  # fmt: skip
+    for caller in callers:
+        caller.start()
+    for caller in callers + [held]:
+        caller.join(60)
+    for i, value in enumerate(values):
+        np.testing.assert_array_equal(results[i], value * 2)
+    runs_after, rows_after = _counts(daemon, "auto")
+    assert (runs_after - runs_before, rows_after - rows_before) == (1, 3)
 
 
 def _hold_the_worker(daemon: Daemon) -> threading.Thread:
@@ -260,6 +282,31 @@ def test_poll_mode_follows_the_repository(tmp_path_factory, saved_sum):
         daemon.stop()
 
 
+def test_an_empty_repository_starts_and_serves_what_is_added_in_poll_mode(tmp_path_factory, saved_sum):
+    root = tmp_path_factory.mktemp("empty")
+    daemon = Daemon([f"--model-repository={root}", "--model-control-mode=poll", "--repository-poll-secs=0.3"],
+                    tmp_path_factory.mktemp("servex"))  # fmt: skip
+    try:
+        client = triton.InferenceServerClient(daemon.address)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            assert daemon.proc.poll() is None, daemon.log()  # an empty repository is no reason to exit, as in Triton
+            try:
+                if client.is_server_live():
+                    break
+            except InferenceServerException:
+                pass
+            time.sleep(0.2)
+        assert client.is_server_ready()  # every model (none) serves
+        add_model(root, "late", saved_sum)
+        while not client.is_model_ready("late") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        value = np.ones((1, 3), np.float32)
+        np.testing.assert_array_equal(infer(client, "late", value), value * 2)
+    finally:
+        daemon.stop()
+
+
 def test_explicit_mode_loads_what_it_is_told(tmp_path_factory, saved_sum):
     root = tmp_path_factory.mktemp("explicit")
     for name in ("a", "b"):
@@ -287,7 +334,8 @@ def test_explicit_mode_loads_what_it_is_told(tmp_path_factory, saved_sum):
             repository.load_model("no_such_model")
     finally:
         daemon.stop()
-    result = run_to_exit([f"--model-repository={root}", "--model-control-mode=explicit", "--load-model=c"])
+    result = run_to_exit([f"--model-repository={root}", "--model-control-mode=explicit", "--load-model=c",
+                          f"--admin_port={free_port()}"])  # fmt: skip
     assert result.returncode == 1 and "--load-model c: no such model in the model repositories" in result.stderr
 
 

@@ -58,7 +58,6 @@ def test_config_fields_servex_uses(tmp_path):
     ("policy", "expected"),
     [
         ("latest { num_versions: 2 }", VersionPolicy("latest", num_versions=2)),
-        ("latest {}", VersionPolicy("latest", num_versions=1)),
         ("all {}", VersionPolicy("all")),
     ],
 )
@@ -96,6 +95,7 @@ def test_settings_that_change_nothing_are_noted_by_name(tmp_path):
         ("max_batch_size: 4 sequence_batching {}", ["sequence_batching", "stateful"]),
         ("ensemble_scheduling { step [] }", ["ensemble_scheduling", "ensembles"]),
         ("version_policy { specific {} }", ["specific lists no versions"]),
+        ("version_policy { latest {} }", ["num_versions must be at least 1"]),
         ('default_model_filename: "a/b"', ["default_model_filename 'a/b'"]),
         (
             'parameters { key: "TF_SIGNATURE_DEF" value: { string_value: "predict" } }',

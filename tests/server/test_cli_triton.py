@@ -61,17 +61,35 @@ def test_model_control_modes():
     assert s.model_control_mode == "poll" and s.file_system_poll_wait_seconds == 15
     s, _, _ = settings("--model-control-mode=poll", "--repository-poll-secs=2.5")
     assert s.file_system_poll_wait_seconds == 2.5
-    s, _, _ = settings("--model-control-mode=explicit", "--load-model=a", "--load-model", "b")
+    s, _, _ = settings("--model-control-mode=EXPLICIT", "--load-model=a", "--load-model", "b", "--admin_port=8503")
     assert s.model_control_mode == "explicit" and s.load_models == ("a", "b")
     assert s.file_system_poll_wait_seconds == 0
     _, _, notes = settings("--repository-poll-secs=5")
     assert any("--repository-poll-secs has no effect without --model-control-mode=poll" in n for n in notes)
+    s, _, notes = settings("--load-model=a")  # ignored outside explicit mode, as in Triton
+    assert s.load_models == () and any("--load-model has no effect" in n for n in notes)
+
+
+def test_auto_complete_settings_and_retries():
+    s, _, _ = settings()
+    assert s.triton_auto_complete and s.triton_default_max_batch_size == 4
+    assert not settings("--disable-auto-complete-config")[0].triton_auto_complete
+    assert not settings("--strict-model-config=true")[0].triton_auto_complete
+    assert settings("--strict-model-config=false")[0].triton_auto_complete
+    assert settings("--backend-config=tensorflow,default-max-batch-size=16")[0].triton_default_max_batch_size == 16
+    assert settings("--backend-config=default-max-batch-size=0")[0].triton_default_max_batch_size == 0
+    _, _, notes = settings("--backend-config=onnxruntime,enable-global-threadpool=1")
+    assert any("--backend-config=onnxruntime,enable-global-threadpool=1 has no effect" in n for n in notes)
+    assert settings("--model-load-retry-count=2")[0].max_num_load_retries == 2
+    assert settings("--model-repository=/models")[0].model_repositories == ("/models",)  # a path twice is once
 
 
 def test_exit_on_error_readiness_drain_and_logging():
     s, log_level, _ = settings("--exit-on-error=false", "--strict-readiness=false", "--exit-timeout-secs=5")
     assert not s.exit_on_error and not s.strict_readiness and s.drain_seconds == 5
     assert settings("--log-verbose=1")[1] == "debug"
+    assert settings("--log-verbose=true")[1] == "debug"
+    assert settings("--log-verbose=0")[1] == "INFO"
     assert settings("--log-info=false")[1] == "warning"
     assert settings("--log-info=false", "--log-warning=false")[1] == "error"
     assert settings("--drain_seconds=3")[0].drain_seconds == 3
@@ -99,8 +117,8 @@ def test_flags_that_change_nothing_are_noted_with_the_reason():
     _, _, notes = settings(*argv)
     for flag, why in NO_EFFECT_FLAGS.items():
         assert f"--{flag}=x has no effect in servex: {why}" in notes
-    _, _, notes = settings("--disable-auto-complete-config")  # a flag given without a value
-    assert any(note.startswith("--disable-auto-complete-config=true has no effect") for note in notes)
+    _, _, notes = settings("--allow-gpu-metrics")  # a flag given without a value
+    assert any(note.startswith("--allow-gpu-metrics=true has no effect") for note in notes)
 
 
 @pytest.mark.parametrize(
@@ -111,7 +129,19 @@ def test_flags_that_change_nothing_are_noted_with_the_reason():
         (["--model-repository=/m", "--model_config_file=/c"], "without --model_config_file and --model_base_path"),
         (["--model-repository=/m", "--enable_batching"], "batching is set per model by each config.pbtxt"),
         (["--model-repository=/m", "--allow-grpc=false"], "servex always serves gRPC"),
-        (["--model-repository=/m", "--load-model=a"], "--load-model needs --model-control-mode=explicit"),
+        (["--model-repository=/m", "--model-control-mode=explicit"], "give --admin_port"),
+        (
+            [
+                "--model-repository=/m",
+                "--model-control-mode=explicit",
+                "--admin_port=1",
+                "--load-model=*",
+                "--load-model=a",
+            ],
+            "--load-model=* loads every model: give it alone",
+        ),
+        (["--model-repository=/m", "--log-verbose=loud"], "expected an integer, true or false"),
+        (["--model-repository=/m", "--backend-config=default-max-batch-size=x"], "must be an integer"),
         (["--model-repository=/m", "--model-control-mode=sometimes"], "invalid choice: 'sometimes'"),
         (["--model-repository=/m", "--model-control-mode=poll", "--repository-poll-secs=0"], "more than 0"),
         (["--model-repository=/m", "--grpc-address=a", "--http-address=b"], "binds every port to one address"),
