@@ -238,6 +238,7 @@ def apply(args: argparse.Namespace, given: set[str], fail, notes: list[str]) -> 
         values = getattr(args, f"triton_noop_{flag.replace('-', '_')}")
         for value in values or ():
             notes.append(f"--{flag}={value} has no effect in servex: {NO_EFFECT_FLAGS[flag]}")
+    args.repository_auto_complete, args.repository_default_max_batch_size = True, 4  # Triton's defaults
     repositories = list(dict.fromkeys(args.triton_model_repository))  # Triton keeps a set: a path given twice is one
     args.triton_model_repository = repositories
     if not repositories:
@@ -306,8 +307,7 @@ def apply(args: argparse.Namespace, given: set[str], fail, notes: list[str]) -> 
         args.ssl_client_verify = bool(args.triton_grpc_use_ssl_mutual)
     if args.triton_model_load_retry_count is not None:
         args.max_num_load_retries = args.triton_model_load_retry_count
-    args.triton_auto_complete = not (args.triton_disable_auto_complete_config or args.triton_strict_model_config)
-    args.triton_default_max_batch_size = 4  # Triton's default
+    args.repository_auto_complete = not (args.triton_disable_auto_complete_config or args.triton_strict_model_config)
     for item in args.triton_backend_config:
         backend, _, setting = item.partition(",") if "," in item else ("", "", item)
         key, eq, value = setting.partition("=")
@@ -315,7 +315,7 @@ def apply(args: argparse.Namespace, given: set[str], fail, notes: list[str]) -> 
             notes.append(f"--backend-config={item} has no effect in servex: it runs TensorFlow SavedModels itself")
         elif key == "default-max-batch-size":
             try:
-                args.triton_default_max_batch_size = int(value)
+                args.repository_default_max_batch_size = int(value)
             except ValueError:
                 fail(f"--backend-config={item}: default-max-batch-size must be an integer")
         else:
