@@ -41,6 +41,7 @@ from server.core import ServingCore
 from server.graph_service import GraphExecutorService
 from server.listeners import ListenerGroup, refuse_if_served
 from server.metrics import model_load, register_triton_names, start_metrics_server, watch_loop_lag
+from server.repository import ModelRepository
 from server.rest import RestServer
 from server.settings import ServerSettings
 from server.tfserving import ModelService, PredictionService, SessionService
@@ -139,9 +140,13 @@ def prefetch(name: str, version: int, model, names: tuple[str, ...]) -> None:
 
 
 def start_admin_server(
-    settings: ServerSettings, core: ServingCore, options, lifecycle=None, certificates: tls.Certificates | None = None
+    settings: ServerSettings,
+    core: ServingCore,
+    options,
+    repository: ModelRepository | None = None,
+    certificates: tls.Certificates | None = None,
 ) -> grpc.aio.Server | None:
-    """The admin port (VariableService; with ``lifecycle``, the KServe v2 repository extension), or None when off;
+    """The admin port (VariableService; with ``repository``, the KServe v2 repository extension), or None when off;
     over TLS with ``certificates`` (--ssl_config_file)."""
     if not settings.admin_port:
         return None
@@ -153,10 +158,10 @@ def start_admin_server(
         interceptors.append(BearerTokenInterceptor(token))
     server = grpc.aio.server(options=options, interceptors=interceptors)
     variables_pb2_grpc.add_VariableServiceServicer_to_server(VariableService(core, settings.max_message_bytes), server)
-    if lifecycle is not None:
+    if repository is not None:
         from server import kserve  # not at module level: see server/kserve.py
 
-        kserve.add_repository_to_server(core, lifecycle, server)
+        kserve.add_repository_to_server(core, repository, server)
     address = f"{settings.admin_bind_address}:{settings.admin_port}"
     try:
         bound = bind(server, address, certificates)
@@ -444,9 +449,14 @@ async def serve(settings: ServerSettings) -> int:
     )
     from server import kserve  # not at module level: its inference.* protos clash with tritonclient's in one process
 
-    kserve.add_to_server(core, server, settings.max_message_bytes)
     health_servicer = health.aio.HealthServicer()
     lifecycle = Lifecycle(manager, health_servicer, settings)
+    repository = ModelRepository(core, lifecycle)  # the repository extension, one for every port serving it
+    # On the admin port; on the main ports too in explicit model control of a Triton model repository, as Triton
+    # serves it (loads by name from the repositories only).
+    explicit = bool(settings.model_repositories) and settings.model_control_mode == "explicit"
+    core.model_repository = repository if explicit else None  # REST's /v2/repository/...
+    kserve.add_to_server(core, server, settings.max_message_bytes, core.model_repository)
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(
         ModelService(core, lifecycle.apply, settings.process_group_size), server
     )
@@ -465,7 +475,7 @@ async def serve(settings: ServerSettings) -> int:
     )
     address = f"{settings.bind_address}:{settings.port}"
     await health_servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
-    ports = _Ports(settings, server, core, options, lifecycle)
+    ports = _Ports(settings, server, core, options, lifecycle, repository)
     # Alone, servex opens its ports first (health NOT_SERVING while the models load). One of several serving
     # processes opens them once its models are in: the kernel then never hands it a connection it cannot serve.
     in_group = settings.process_group_size > 1
@@ -545,8 +555,9 @@ async def serve(settings: ServerSettings) -> int:
 class _Ports:
     """The gRPC, admin and REST ports of one process: opened together, closed together (draining)."""
 
-    def __init__(self, settings: ServerSettings, server, core: ServingCore, options, lifecycle: Lifecycle):
+    def __init__(self, settings: ServerSettings, server, core: ServingCore, options, lifecycle: Lifecycle, repository):
         self.settings, self.server, self.core, self.options, self.lifecycle = settings, server, core, options, lifecycle
+        self.repository = repository  # the repository extension on the admin port
         self.admin = None
         self.rest = None
         self.opened = False
@@ -571,7 +582,7 @@ class _Ports:
                 log.error("cannot bind gRPC to unix:%s: %s", settings.grpc_socket_path, e)
                 return False
         try:
-            self.admin = start_admin_server(settings, self.core, self.options, self.lifecycle, self.certificates)
+            self.admin = start_admin_server(settings, self.core, self.options, self.repository, self.certificates)
         except (OSError, ValueError) as e:
             log.error("%s", e)
             return False

@@ -137,6 +137,8 @@ class ServingCore:
         # Set once the models of the start-up config have loaded (or failed): the ports serve before that.
         self.started = False
         self.strict_readiness = False  # ready only while every configured model serves (see ready)
+        # The model repository extension where the inference ports serve it (server/repository.py), else None
+        self.model_repository = None
         self.log_settings = LogSettings()  # Triton's log settings, every protocol's (the app sets the group size)
 
     def ready(self) -> bool:

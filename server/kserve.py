@@ -23,14 +23,14 @@ from importlib import metadata
 import grpc
 from google.protobuf import json_format
 
-from loader.config import ModelSpec
-from loader.errors import FailedPrecondition, InvalidArgument, NotFound, ServingError, Unimplemented
-from loader.manager import AVAILABLE, END, LOADING, UNLOADING
+from loader.errors import InvalidArgument, ServingError, Unimplemented
+from loader.manager import AVAILABLE
 from protos.inference import grpc_service_pb2 as pb
 from protos.inference import grpc_service_pb2_grpc as pb_grpc
 from protos.inference import model_config_pb2
 from server import tensors, v2_config, v2_settings, v2_stats, v2_types
 from server.core import DEFAULT_SIGNATURE, REQUEST, RequestInfo, ServingCore, checked_priority
+from server.repository import BASE_PATH, ModelRepository
 from server.rpc import Malformed, abort, bounded, check_answer_size, ended_code, model_name, record, request_info, rpc
 from server.shared_memory import NO_CUDA_MEMORY
 from server.v2_config import PLATFORM
@@ -48,9 +48,6 @@ FINAL_RESPONSE = "triton_final_response"  # a stream answer's parameter: the req
 # oldest one's answer is sent. As many as the callers a batch serves (max_batch_size's default).
 STREAM_WINDOW = 32
 GRPC_ERROR_METADATA = "triton_grpc_error"  # "true": a stream's first error ends it with its gRPC status
-BASE_PATH = "base_path"
-# ModelManager states -> the v2 repository index's
-_INDEX_STATES = {AVAILABLE: "READY", LOADING: "LOADING", UNLOADING: "UNLOADING"}
 
 
 @functools.cache
@@ -132,9 +129,16 @@ class _ModelCalls:
 class KServeService(_ServerCalls, _ModelCalls, pb_grpc.GRPCInferenceServiceServicer):
     extensions = v2_types.EXTENSIONS
 
-    def __init__(self, core: ServingCore, max_tensor_bytes: int | None = None):
+    def __init__(
+        self, core: ServingCore, max_tensor_bytes: int | None = None, repository: ModelRepository | None = None
+    ):
         self.core = core
         self.max_tensor_bytes = max_tensor_bytes  # --max_message_bytes: no answer larger is sent
+        # The model repository extension, here only in explicit model control of a Triton model repository (as
+        # Triton serves it); else on the admin port.
+        self.repository = repository
+        if repository is not None:
+            self.extensions = (*v2_types.EXTENSIONS, *ADMIN_EXTENSIONS)
 
     @rpc
     async def ModelStatistics(self, request, context):
@@ -337,18 +341,25 @@ class KServeService(_ServerCalls, _ModelCalls, pb_grpc.GRPCInferenceServiceServi
             response.settings[key].value.extend(values)
         return response
 
-    # The repository extension lives on the admin port; here it says where to find it.
+    # The repository extension lives on the admin port (unless a Triton repository's explicit model control puts it
+    # here too); else this says where to find it.
     @rpc
     async def RepositoryIndex(self, request, context):
-        raise _admin_only("RepositoryIndex")
+        if self.repository is None:
+            raise _admin_only("RepositoryIndex")
+        return await repository_index(self.repository, request)
 
     @rpc
     async def RepositoryModelLoad(self, request, context):
-        raise _admin_only("RepositoryModelLoad")
+        if self.repository is None:
+            raise _admin_only("RepositoryModelLoad")
+        return await repository_load(self.repository, request)
 
     @rpc
     async def RepositoryModelUnload(self, request, context):
-        raise _admin_only("RepositoryModelUnload")
+        if self.repository is None:
+            raise _admin_only("RepositoryModelUnload")
+        return await repository_unload(self.repository, request)
 
 
 def _no_cuda_memory() -> Unimplemented:
@@ -360,124 +371,62 @@ def _admin_only(method: str) -> Unimplemented:
 
 
 class RepositoryService(_ServerCalls, _ModelCalls, pb_grpc.GRPCInferenceServiceServicer):
-    """The model repository extension over the served config (``lifecycle.specs``, applied by
-    ``lifecycle.apply``): load adds a model (known from the config, unloaded earlier, or at the ``base_path``
-    parameter) and answers once it is served; unload removes it (in-flight requests finish first)."""
+    """The model repository extension (server/repository.py) over gRPC on the admin port, with the read-only
+    calls a client makes after a load."""
 
     extensions = ADMIN_EXTENSIONS
 
-    def __init__(self, core: ServingCore, lifecycle):
+    def __init__(self, core: ServingCore, repository: ModelRepository):
         self.core = core
-        self.lifecycle = lifecycle
-        self.unloaded: dict[str, ModelSpec] = {}  # models unloaded here, loadable again by name (under lifecycle.lock)
+        self.repository = repository
 
     async def ModelStreamInfer(self, request_iterator, context):
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, _main_port_only("ModelStreamInfer").message)
 
-    @staticmethod
-    def _repository(name: str) -> None:
-        if name:
-            raise NotFound(f'repository {name!r} does not exist: servex has one repository, named ""')
-
     @rpc
     async def RepositoryIndex(self, request, context):
-        self._repository(request.repository_name)
-        response = pb.RepositoryIndexResponse()
-        manager = self.core.manager
-        for name in manager.model_names():
-            try:
-                versions = manager.statuses(name)
-            except NotFound:  # removed meanwhile
-                continue
-            for sv in versions:
-                state = _INDEX_STATES.get(sv.state, "UNAVAILABLE")
-                if request.ready and state != "READY":
-                    continue
-                reason = sv.error.message if sv.error is not None else "unloaded" if sv.state == END else ""
-                response.models.add(name=name, version=str(sv.version), state=state, reason=reason)
-        if not request.ready:
-            for name in sorted(self.unloaded):
-                response.models.add(name=name, state="UNAVAILABLE", reason="unloaded")
-            if self.lifecycle.settings.model_repositories:  # the repositories' models never loaded: the name alone
-                listed = set(manager.model_names()) | set(self.unloaded)
-                for name in await asyncio.get_running_loop().run_in_executor(None, self.lifecycle.repository_names):
-                    if name not in listed:
-                        response.models.add(name=name)
-        return response
-
-    def _follows_repository(self) -> None:
-        """With a Triton model repository, models are loaded and unloaded by name only in explicit model control
-        mode, as in Triton; otherwise the repository's folders decide."""
-        settings = self.lifecycle.settings
-        if settings.model_repositories and settings.model_control_mode != "explicit":
-            raise FailedPrecondition(
-                f"the models follow the model repositories (--model-control-mode={settings.model_control_mode}): "
-                f"loading and unloading by name needs --model-control-mode=explicit, as in Triton"
-            )
+        return await repository_index(self.repository, request)
 
     @rpc
     async def RepositoryModelLoad(self, request, context):
-        self._repository(request.repository_name)
-        name = request.model_name
-        if not name:
-            raise InvalidArgument("model_name is empty: name the model to load")
-        self._follows_repository()
-        unsupported = sorted(set(request.parameters) - {BASE_PATH})
-        if unsupported:  # e.g. Triton's 'config' and 'file:...' overrides
-            raise InvalidArgument(
-                f"failed to load {name!r}: parameter(s) {unsupported} are not supported; supported: [{BASE_PATH!r}]"
-            )
-        async with self.lifecycle.lock:
-            specs = {spec.name: spec for spec in self.lifecycle.specs}
-            if BASE_PATH in request.parameters:
-                param = request.parameters[BASE_PATH]
-                if param.WhichOneof("parameter_choice") != "string_param" or not param.string_param:
-                    raise InvalidArgument(
-                        f"failed to load {name!r}: parameter {BASE_PATH!r} must be a string_param naming a folder"
-                    )
-                spec = ModelSpec(name, param.string_param)
-            elif self.lifecycle.settings.model_repositories:
-                # Read again from the repositories (its config.pbtxt may have changed), as Triton reloads it.
-                loop = asyncio.get_running_loop()
-                spec = await loop.run_in_executor(None, self.lifecycle.repository_model, name)
-                if spec is None:
-                    raise NotFound(f"failed to load {name!r}: no model {name!r} in any model repository "
-                                   f"({', '.join(self.lifecycle.settings.model_repositories)})")  # fmt: skip
-            else:
-                spec = specs.get(name) or self.unloaded.get(name)
-                if spec is None:
-                    known = ", ".join(sorted(set(specs) | set(self.unloaded))) or "none"
-                    raise NotFound(
-                        f"failed to load {name!r}: model {name!r} is not in the repository (known models: {known}); "
-                        f"send parameter {BASE_PATH!r} to load it from a folder of version folders"
-                    )
-            specs[name] = spec
-            problems = await self.lifecycle.apply_held(list(specs.values()))
-            self.unloaded.pop(name, None)
-        mine = [p for p in problems if p.startswith(f"model {name!r}")]
-        if mine or name not in self.core.manager.available_models():
-            raise FailedPrecondition(
-                f"failed to load {name!r}: model {name!r} is in the repository but did not load: "
-                f"{'; '.join(mine) or 'no version available'}"
-            )
-        return pb.RepositoryModelLoadResponse()
+        return await repository_load(self.repository, request)
 
     @rpc
     async def RepositoryModelUnload(self, request, context):
-        self._repository(request.repository_name)
-        name = request.model_name
-        if not name:
-            raise InvalidArgument("model_name is empty: name the model to unload")
-        self._follows_repository()
-        async with self.lifecycle.lock:
-            specs = {spec.name: spec for spec in self.lifecycle.specs}
-            spec = specs.pop(name, None)
-            if spec is None:
-                served = ", ".join(sorted(specs)) or "none"
-                raise NotFound(f"Request for unknown model: {name!r} is not served (served models: {served})")
-            await self.lifecycle.apply_held(list(specs.values()))
-            self.unloaded[name] = spec
-        return pb.RepositoryModelUnloadResponse()
+        return await repository_unload(self.repository, request)
+
+
+async def repository_index(repository: ModelRepository, request) -> pb.RepositoryIndexResponse:
+    repository.check_name(request.repository_name)
+    response = pb.RepositoryIndexResponse()
+    for entry in await repository.index(request.ready):
+        response.models.add(**entry)
+    return response
+
+
+async def repository_load(repository: ModelRepository, request) -> pb.RepositoryModelLoadResponse:
+    repository.check_name(request.repository_name)
+    name = request.model_name
+    unsupported = sorted(set(request.parameters) - {BASE_PATH})
+    if unsupported:  # e.g. Triton's 'config' and 'file:...' overrides
+        raise InvalidArgument(
+            f"failed to load {name!r}: parameter(s) {unsupported} are not supported; supported: [{BASE_PATH!r}]"
+        )
+    base_path = None
+    if BASE_PATH in request.parameters:
+        param = request.parameters[BASE_PATH]
+        if param.WhichOneof("parameter_choice") != "string_param" or not param.string_param:
+            raise InvalidArgument(f"failed to load {name!r}: parameter {BASE_PATH!r} must be a string_param naming a "
+                                  f"folder")  # fmt: skip
+        base_path = param.string_param
+    await repository.load(name, base_path)
+    return pb.RepositoryModelLoadResponse()
+
+
+async def repository_unload(repository: ModelRepository, request) -> pb.RepositoryModelUnloadResponse:
+    repository.check_name(request.repository_name)
+    await repository.unload(request.model_name)
+    return pb.RepositoryModelUnloadResponse()
 
 
 def _main_port_only(method: str) -> Unimplemented:
@@ -501,9 +450,11 @@ for _method in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
         setattr(RepositoryService, _method.name, _refuse_on_the_admin_port(_method.name))
 
 
-def add_to_server(core: ServingCore, server, max_tensor_bytes: int | None = None) -> None:
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(KServeService(core, max_tensor_bytes), server)
+def add_to_server(
+    core: ServingCore, server, max_tensor_bytes: int | None = None, repository: ModelRepository | None = None
+) -> None:
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(KServeService(core, max_tensor_bytes, repository), server)
 
 
-def add_repository_to_server(core: ServingCore, lifecycle, server) -> None:
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(RepositoryService(core, lifecycle), server)
+def add_repository_to_server(core: ServingCore, repository: ModelRepository, server) -> None:
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(RepositoryService(core, repository), server)

@@ -37,6 +37,7 @@ from loader.errors import FailedPrecondition, InvalidArgument, NotFound, Serving
 from server import rest_codec as codec
 from server import v2_config, v2_settings, v2_stats, v2_types
 from server.core import DEFAULT_SIGNATURE, RequestInfo, checked_priority
+from server.repository import BASE_PATH
 from server.rest import Call, HttpError, Rest, accepts_compression, json_response, offload, payload_bytes
 from server.shared_memory import NO_CUDA_MEMORY
 from server.v2_config import PLATFORM
@@ -109,10 +110,39 @@ def _cut(text: str, limit: int = 40) -> str:
 
 
 async def repository(rest: Rest, request: web.Request, call: Call, info: RequestInfo) -> web.Response:
-    """The model repository extension changes what is served: it is on the admin port only, over gRPC."""
-    raise Unimplemented(
-        "the model repository extension is served over gRPC on the admin port (--admin_port), not over REST"
-    )
+    """Triton's model repository extension (server/repository.py): POST /v2/repository/index (``{"ready": bool}``)
+    answers the models and their versions' states; .../models/{name}/load and /unload. Served here only in explicit
+    model control of a Triton model repository, as Triton serves it; else on the admin port, over gRPC."""
+    models = rest.core.model_repository
+    if models is None:
+        raise Unimplemented(
+            "the model repository extension is served over gRPC on the admin port (--admin_port), not over REST "
+            "(REST serves it with --model-repository and --model-control-mode=explicit)"
+        )
+    body = await rest.body(request, json=True)
+    doc = _dict(codec.parse(memoryview(body), "repository request JSON"), "the request") if len(body) else {}
+    action = request.match_info.get("action")
+    if action is None:
+        ready = doc.get("ready", False)
+        if not isinstance(ready, bool):
+            raise InvalidArgument(f"'ready' must be true or false, got {codec.show(ready)}")
+        entries = await models.index(ready)
+        return json_response(codec.dumps([{k: v for k, v in entry.items() if v} for entry in entries]))
+    name = request.match_info["name"]
+    if action == "load":
+        parameters = _dict(doc.get("parameters", {}), "parameters")
+        unsupported = sorted(set(parameters) - {BASE_PATH})
+        if unsupported:  # e.g. Triton's 'config' and 'file:...' overrides
+            raise InvalidArgument(
+                f"failed to load {name!r}: parameter(s) {unsupported} are not supported; supported: [{BASE_PATH!r}]"
+            )
+        base_path = parameters.get(BASE_PATH)
+        if base_path is not None and (not isinstance(base_path, str) or not base_path):
+            raise InvalidArgument(f"failed to load {name!r}: parameter {BASE_PATH!r} must be a string naming a folder")
+        await models.load(name, base_path)
+    else:
+        await models.unload(name)
+    return web.Response(status=200)
 
 
 # -- Triton's system shared memory extension (server/shared_memory.py) -----------------------------------
@@ -199,10 +229,14 @@ def _server_version() -> str:
 
 
 _SERVER = codec.dumps({"name": "servex", "version": _server_version(), "extensions": v2_types.EXTENSIONS})
+# With the model repository extension here (explicit model control of a Triton model repository)
+_SERVER_WITH_REPOSITORY = codec.dumps(
+    {"name": "servex", "version": _server_version(), "extensions": [*v2_types.EXTENSIONS, "model_repository"]}
+)
 
 
 async def server_metadata(rest: Rest, request: web.Request, call: Call, info: RequestInfo) -> web.Response:
-    return json_response(_SERVER)
+    return json_response(_SERVER if rest.core.model_repository is None else _SERVER_WITH_REPOSITORY)
 
 
 # The health answers carry KServe's JSON objects (kserve's InferenceRESTClient reads "live" and "ready" from them);

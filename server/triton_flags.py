@@ -13,7 +13,7 @@ Triton's flags that servex takes, and what they set:
   is refused: servex always serves gRPC), ``--grpc-address``/``--http-address`` (one address: servex binds every
   port to it);
 - ``--model-control-mode`` (any case), ``--repository-poll-secs`` (poll mode; default 15), ``--load-model``
-  (explicit mode, which needs servex's ``--admin_port``: the repository extension is served there; repeatable,
+  (explicit mode, where the repository extension is served on the inference ports too, as in Triton; repeatable,
   ``*`` alone for all), ``--model-load-retry-count``;
 - ``--disable-auto-complete-config`` and ``--strict-model-config=true`` (no max_batch_size from the SavedModel),
   ``--backend-config`` (TensorFlow's ``default-max-batch-size``, default 4);
@@ -276,10 +276,6 @@ def apply(args: argparse.Namespace, given: set[str], fail, notes: list[str]) -> 
         args.triton_load_model = []
     if "*" in args.triton_load_model and len(args.triton_load_model) > 1:
         fail("--load-model=* loads every model: give it alone, as Triton requires")
-    if mode == "explicit" and not (args.admin_port or args.admin_token_file):
-        fail("--model-control-mode=explicit: servex serves the model repository extension (load_model, unload_model) "
-             "on its admin port, not on the inference ports as Triton does: give --admin_port (on loopback unless "
-             "--admin_token_file is given too)")  # fmt: skip
     if args.triton_repository_poll_secs is not None and mode != "poll":
         notes.append("--repository-poll-secs has no effect without --model-control-mode=poll, as in Triton")
     if mode == "poll":

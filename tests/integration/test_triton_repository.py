@@ -13,10 +13,12 @@ import time
 import urllib.request
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as triton
 import tritonclient.http as httpclient
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from tests.integration.conftest import export_sum
@@ -307,36 +309,51 @@ def test_an_empty_repository_starts_and_serves_what_is_added_in_poll_mode(tmp_pa
         daemon.stop()
 
 
-def test_explicit_mode_loads_what_it_is_told(tmp_path_factory, saved_sum):
+def test_explicit_mode_loads_what_it_is_told_on_every_port(tmp_path_factory, saved_sum):
     root = tmp_path_factory.mktemp("explicit")
-    for name in ("a", "b"):
+    for name in ("a", "b", "c"):
         add_model(root, name, saved_sum)
     admin = free_port()
     daemon = start(tmp_path_factory, f"--model-repository={root}", "--model-control-mode=explicit",
                    "--load-model=a", f"--admin_port={admin}")  # fmt: skip
     try:
-        client = triton.InferenceServerClient(daemon.address)
-        repository = triton.InferenceServerClient(f"127.0.0.1:{admin}")  # the repository extension: admin port
+        client = triton.InferenceServerClient(daemon.address)  # the extension on the main port, as in Triton
+        http_client = httpclient.InferenceServerClient(f"127.0.0.1:{daemon.rest_port}")
+        admin_client = triton.InferenceServerClient(f"127.0.0.1:{admin}")  # and on the admin port, the same one
         assert client.is_model_ready("a") and not client.is_model_ready("b")
         assert client.is_server_ready()
-        index = {m["name"]: m.get("state", "") for m in repository.get_model_repository_index(as_json=True)["models"]}
-        assert index == {"a": "READY", "b": ""}  # b is in the repository, never loaded
+        assert "model_repository" in client.get_server_metadata(as_json=True)["extensions"]
+        assert "model_repository" in http_client.get_server_metadata()["extensions"]
+        index = {m["name"]: m.get("state", "") for m in client.get_model_repository_index(as_json=True)["models"]}
+        assert index == {"a": "READY", "b": "", "c": ""}  # b and c are in the repository, never loaded
+        assert {m["name"]: m.get("state", "") for m in http_client.get_model_repository_index()} == index
         (root / "b" / "config.pbtxt").write_text("max_batch_size: 2 dynamic_batching {}")  # read at the load
-        repository.load_model("b")
+        client.load_model("b")
         assert client.is_model_ready("b")
         assert int(client.get_model_config("b", as_json=True)["config"]["max_batch_size"]) == 2
-        repository.unload_model("a")
+        http_client.load_model("c")
+        assert client.is_model_ready("c")
+        http_client.unload_model("c")
+        assert not client.is_model_ready("c")
+        admin_client.unload_model("a")
         assert not client.is_model_ready("a")
+        index = {m["name"]: m.get("state", "") for m in admin_client.get_model_repository_index(as_json=True)["models"]}
+        assert index["a"] == "UNAVAILABLE" and index["b"] == "READY"
         (root / "a" / "config.pbtxt").write_text('platform: "pytorch_libtorch"')
         with pytest.raises(InferenceServerException, match="platform 'pytorch_libtorch' cannot be served"):
-            repository.load_model("a")
-        with pytest.raises(InferenceServerException, match="no_such_model"):
-            repository.load_model("no_such_model")
+            client.load_model("a")
+        with pytest.raises(InferenceServerException, match="no model 'no_such_model' in any model repository"):
+            http_client.load_model("no_such_model")
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(daemon.channel)
+        request = service_pb2.RepositoryModelLoadRequest(model_name="b")
+        request.parameters["base_path"].string_param = str(root / "b")  # servex's own parameter: not with repositories
+        with pytest.raises(grpc.RpcError) as e:
+            stub.RepositoryModelLoad(request, timeout=30)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "'base_path' is not taken" in e.value.details()
     finally:
         daemon.stop()
-    result = run_to_exit([f"--model-repository={root}", "--model-control-mode=explicit", "--load-model=c",
-                          f"--admin_port={free_port()}"])  # fmt: skip
-    assert result.returncode == 1 and "--load-model c: no such model in the model repositories" in result.stderr
+    result = run_to_exit([f"--model-repository={root}", "--model-control-mode=explicit", "--load-model=d"])
+    assert result.returncode == 1 and "--load-model d: no such model in the model repositories" in result.stderr
 
 
 def test_in_none_mode_the_repository_extension_refuses_to_load_and_unload(tmp_path_factory, saved_sum):

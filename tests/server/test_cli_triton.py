@@ -61,7 +61,7 @@ def test_model_control_modes():
     assert s.model_control_mode == "poll" and s.file_system_poll_wait_seconds == 15
     s, _, _ = settings("--model-control-mode=poll", "--repository-poll-secs=2.5")
     assert s.file_system_poll_wait_seconds == 2.5
-    s, _, _ = settings("--model-control-mode=EXPLICIT", "--load-model=a", "--load-model", "b", "--admin_port=8503")
+    s, _, _ = settings("--model-control-mode=EXPLICIT", "--load-model=a", "--load-model", "b")
     assert s.model_control_mode == "explicit" and s.load_models == ("a", "b")
     assert s.file_system_poll_wait_seconds == 0
     _, _, notes = settings("--repository-poll-secs=5")
@@ -129,12 +129,10 @@ def test_flags_that_change_nothing_are_noted_with_the_reason():
         (["--model-repository=/m", "--model_config_file=/c"], "without --model_config_file and --model_base_path"),
         (["--model-repository=/m", "--enable_batching"], "batching is set per model by each config.pbtxt"),
         (["--model-repository=/m", "--allow-grpc=false"], "servex always serves gRPC"),
-        (["--model-repository=/m", "--model-control-mode=explicit"], "give --admin_port"),
         (
             [
                 "--model-repository=/m",
                 "--model-control-mode=explicit",
-                "--admin_port=1",
                 "--load-model=*",
                 "--load-model=a",
             ],
