@@ -515,6 +515,7 @@ def parse_settings(argv: list[str] | None = None) -> Parsed:
         exit_on_error=bool(repositories and args.triton_exit_on_error),
         strict_readiness=bool(repositories and args.triton_strict_readiness),
         triton_auto_complete=args.repository_auto_complete,
+        repository_restrictions=args.repository_restrictions,
         triton_default_max_batch_size=args.repository_default_max_batch_size,
         file_system_poll_wait_seconds=args.file_system_poll_wait_seconds,
         max_num_load_retries=args.max_num_load_retries,

@@ -347,18 +347,21 @@ class KServeService(_ServerCalls, _ModelCalls, pb_grpc.GRPCInferenceServiceServi
     async def RepositoryIndex(self, request, context):
         if self.repository is None:
             raise _admin_only("RepositoryIndex")
+        self.repository.check_access("grpc", context.invocation_metadata() or ())
         return await repository_index(self.repository, request)
 
     @rpc
     async def RepositoryModelLoad(self, request, context):
         if self.repository is None:
             raise _admin_only("RepositoryModelLoad")
+        self.repository.check_access("grpc", context.invocation_metadata() or ())
         return await repository_load(self.repository, request)
 
     @rpc
     async def RepositoryModelUnload(self, request, context):
         if self.repository is None:
             raise _admin_only("RepositoryModelUnload")
+        self.repository.check_access("grpc", context.invocation_metadata() or ())
         return await repository_unload(self.repository, request)
 
 
@@ -407,11 +410,8 @@ async def repository_index(repository: ModelRepository, request) -> pb.Repositor
 async def repository_load(repository: ModelRepository, request) -> pb.RepositoryModelLoadResponse:
     repository.check_name(request.repository_name)
     name = request.model_name
-    unsupported = sorted(set(request.parameters) - {BASE_PATH})
-    if unsupported:  # e.g. Triton's 'config' and 'file:...' overrides
-        raise InvalidArgument(
-            f"failed to load {name!r}: parameter(s) {unsupported} are not supported; supported: [{BASE_PATH!r}]"
-        )
+    repository.check(name, "load")
+    repository.check_parameters(name, request.parameters)
     base_path = None
     if BASE_PATH in request.parameters:
         param = request.parameters[BASE_PATH]

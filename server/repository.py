@@ -13,10 +13,11 @@ from __future__ import annotations
 import asyncio
 
 from loader.config import ModelSpec
-from loader.errors import FailedPrecondition, InvalidArgument, NotFound
+from loader.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
 from loader.manager import AVAILABLE, END, LOADING, UNLOADING
 
 BASE_PATH = "base_path"  # the load parameter naming a folder of version folders
+RESTRICTION_FLAGS = {"grpc": "grpc-restricted-protocol", "http": "http-restricted-api"}  # Triton's
 # ModelManager states -> the repository index's
 _INDEX_STATES = {AVAILABLE: "READY", LOADING: "LOADING", UNLOADING: "UNLOADING"}
 
@@ -26,6 +27,35 @@ class ModelRepository:
         self.core = core
         self.lifecycle = lifecycle
         self.unloaded: dict[str, ModelSpec] = {}  # models unloaded here, loadable again by name (under lifecycle.lock)
+
+    def check_access(self, protocol: str, headers) -> None:
+        """On the inference ports: PermissionDenied unless the call carries the header Triton's
+        --grpc-restricted-protocol / --http-restricted-api ask of the model-repository category (``protocol``:
+        "grpc" or "http"; ``headers``: (key, value) pairs). The admin port has its own token instead."""
+        restriction = self.lifecycle.settings.repository_restrictions.get(protocol)
+        if restriction is None:
+            return
+        key, value = restriction
+        if not any(k.lower() == key and v == value for k, v in headers):
+            raise PermissionDenied(f"the model repository extension is restricted: it expects header {key!r} with "
+                                   f"the value it was given (--{RESTRICTION_FLAGS[protocol]})")  # fmt: skip
+
+    def check(self, name: str, action: str) -> None:
+        """What every load or unload needs first: a model name, and a model control that allows it."""
+        if not name:
+            raise InvalidArgument(f"model_name is empty: name the model to {action}")
+        self._follows_repository()
+
+    def check_parameters(self, name: str, names) -> None:
+        """InvalidArgument for load parameters servex does not take: ``base_path`` alone, and none with Triton
+        model repositories (Triton's ``config`` and ``file:...`` overrides are not supported)."""
+        taken = set() if self.lifecycle.settings.model_repositories else {BASE_PATH}
+        unsupported = sorted(set(names) - taken)
+        if unsupported:
+            supported = f"[{BASE_PATH!r}]" if taken else "none (models load by name from the model repositories)"
+            raise InvalidArgument(
+                f"failed to load {name!r}: parameter(s) {unsupported} are not supported; supported: {supported}"
+            )
 
     @staticmethod
     def check_name(repository: str) -> None:
@@ -71,14 +101,13 @@ class ModelRepository:
 
     async def load(self, name: str, base_path: str | None = None) -> None:
         """Serve ``name`` (from ``base_path`` when given); returns once it serves, else FailedPrecondition saying
-        why."""
-        if not name:
-            raise InvalidArgument("model_name is empty: name the model to load")
-        self._follows_repository()
+        why. A caller that goes away (a deadline) does not cut the change short."""
+        self.check(name, "load")
+        self.check_parameters(name, [BASE_PATH] if base_path is not None else [])
+        await _finish(self._load(name, base_path))
+
+    async def _load(self, name: str, base_path: str | None) -> None:
         settings = self.lifecycle.settings
-        if base_path is not None and settings.model_repositories:
-            raise InvalidArgument(f"failed to load {name!r}: models are loaded by name from the model repositories; "
-                                  f"parameter {BASE_PATH!r} is not taken")  # fmt: skip
         async with self.lifecycle.lock:
             specs = {spec.name: spec for spec in self.lifecycle.specs}
             if base_path is not None:
@@ -109,9 +138,10 @@ class ModelRepository:
             )
 
     async def unload(self, name: str) -> None:
-        if not name:
-            raise InvalidArgument("model_name is empty: name the model to unload")
-        self._follows_repository()
+        self.check(name, "unload")
+        await _finish(self._unload(name))
+
+    async def _unload(self, name: str) -> None:
         async with self.lifecycle.lock:
             specs = {spec.name: spec for spec in self.lifecycle.specs}
             spec = specs.pop(name, None)
@@ -120,3 +150,12 @@ class ModelRepository:
                 raise NotFound(f"Request for unknown model: {name!r} is not served (served models: {served})")
             await self.lifecycle.apply_held(list(specs.values()))
             self.unloaded[name] = spec
+
+
+async def _finish(change) -> None:
+    """Await a config change that finishes even if its caller is cancelled (a client's deadline): the served config,
+    health and the index stay in step. Its error reaches a caller still waiting (and is marked retrieved for one
+    that has gone: the outcome shows in the index and the log)."""
+    task = asyncio.ensure_future(change)
+    task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved: never "never retrieved"
+    await asyncio.shield(task)

@@ -190,9 +190,12 @@ class Rest:
         self.timeout_s = timeout_s
         self.draining = False
 
-    def endpoint(self, method: str, handler: Handler) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    def endpoint(
+        self, method: str, handler: Handler, bounded: bool = True
+    ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
         """An aiohttp handler around ``handler``: errors become ``{"error": ...}`` with their HTTP status,
-        and the call is counted and timed like a gRPC call."""
+        and the call is counted and timed like a gRPC call. ``bounded``: the call gets --rest_api_timeout_in_ms
+        (not a model repository load, which answers when the model serves)."""
 
         async def handle(request: web.Request) -> web.StreamResponse:
             start = time.perf_counter()
@@ -202,7 +205,7 @@ class Rest:
             try:
                 info = self.request_info(request)
                 REQUEST.set(info)
-                if info.deadline is None:
+                if info.deadline is None or not bounded:
                     return compressed(request, await handler(request, call, info))
                 # The whole call is bounded, as TensorFlow Serving bounds its run with RunOptions.timeout_in_ms: a
                 # run that started goes on on its worker (TensorFlow's runs cannot be stopped from Python), and its

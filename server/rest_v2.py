@@ -47,8 +47,8 @@ _INT64_MAX = 2**63 - 1
 
 
 def add_routes(app: web.Application, rest: Rest) -> None:
-    def route(method: str, path: str, name: str, handler) -> None:
-        endpoint = rest.endpoint(name, lambda r, c, i: handler(rest, r, c, i))
+    def route(method: str, path: str, name: str, handler, bounded: bool = True) -> None:
+        endpoint = rest.endpoint(name, lambda r, c, i: handler(rest, r, c, i), bounded)
         app.router.add_route(method, path, endpoint)
         if method == "GET":  # HEAD as GET (probes and load balancers use it); aiohttp sends no body
             app.router.add_route("HEAD", path, endpoint)
@@ -78,7 +78,8 @@ def add_routes(app: web.Application, rest: Rest) -> None:
         route("GET", base, "rest:v2_trace_setting", trace_setting)
         route("POST", base, "rest:v2_trace_setting", trace_setting)
     route("POST", "/v2/repository/index", "rest:v2_repository", repository)
-    route("POST", "/v2/repository/models/{name}/{action:load|unload}", "rest:v2_repository", repository)
+    # a load answers once the model serves, however long that takes (as over gRPC without a deadline)
+    route("POST", "/v2/repository/models/{name}/{action:load|unload}", "rest:v2_repository", repository, False)
 
 
 def _shared_bytes(doc) -> int:
@@ -119,6 +120,7 @@ async def repository(rest: Rest, request: web.Request, call: Call, info: Request
             "the model repository extension is served over gRPC on the admin port (--admin_port), not over REST "
             "(REST serves it with --model-repository and --model-control-mode=explicit)"
         )
+    models.check_access("http", request.headers.items())
     body = await rest.body(request, json=True)
     doc = _dict(codec.parse(memoryview(body), "repository request JSON"), "the request") if len(body) else {}
     action = request.match_info.get("action")
@@ -130,12 +132,9 @@ async def repository(rest: Rest, request: web.Request, call: Call, info: Request
         return json_response(codec.dumps([{k: v for k, v in entry.items() if v} for entry in entries]))
     name = request.match_info["name"]
     if action == "load":
+        models.check(name, "load")
         parameters = _dict(doc.get("parameters", {}), "parameters")
-        unsupported = sorted(set(parameters) - {BASE_PATH})
-        if unsupported:  # e.g. Triton's 'config' and 'file:...' overrides
-            raise InvalidArgument(
-                f"failed to load {name!r}: parameter(s) {unsupported} are not supported; supported: [{BASE_PATH!r}]"
-            )
+        models.check_parameters(name, parameters)
         base_path = parameters.get(BASE_PATH)
         if base_path is not None and (not isinstance(base_path, str) or not base_path):
             raise InvalidArgument(f"failed to load {name!r}: parameter {BASE_PATH!r} must be a string naming a folder")

@@ -75,6 +75,10 @@ class ServerSettings:
     # --backend-config=tensorflow,default-max-batch-size=N sets N). Inputs and outputs are completed either way.
     triton_auto_complete: bool = True
     triton_default_max_batch_size: int = 4
+    # The header the model repository extension asks of callers on the inference ports, per protocol ("grpc",
+    # "http"): (lowercase key, value), from Triton's --grpc-restricted-protocol / --http-restricted-api
+    # model-repository:KEY=VALUE. None given: open, as in Triton.
+    repository_restrictions: dict[str, tuple[str, str]] = field(default_factory=dict)
     # Exit (code 1) when a model fails to load at start, where servex otherwise serves the others (Triton's
     # --exit-on-error, default true there).
     exit_on_error: bool = False

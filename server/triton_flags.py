@@ -20,7 +20,9 @@ Triton's flags that servex takes, and what they set:
 - ``--exit-on-error``, ``--strict-readiness``, ``--exit-timeout-secs`` (the drain, default 30);
 - ``--grpc-use-ssl``, ``--grpc-server-cert``, ``--grpc-server-key``, ``--grpc-root-cert``, ``--grpc-use-ssl-mutual``:
   TLS on the gRPC port, as TensorFlow Serving's PEM file flags;
-- ``--log-verbose`` (above 0, or true: debug logging), ``--log-info``, ``--log-warning``, ``--log-error``.
+- ``--log-verbose`` (above 0, or true: debug logging), ``--log-info``, ``--log-warning``, ``--log-error``;
+- ``--grpc-restricted-protocol`` / ``--http-restricted-api`` for the model-repository category (the header the
+  repository extension asks of callers on the inference ports; other categories are refused).
 
 Triton's other flags are taken and noted at start as changing nothing (NO_EFFECT_FLAGS): backends, caches, GPU
 memory pools, tracing, and the like.
@@ -72,8 +74,6 @@ NO_EFFECT_FLAGS = {
     "grpc-http2-max-pings-without-data": "set gRPC keepalive with --grpc_channel_arguments",
     "grpc-http2-min-recv-ping-interval-without-data": "set gRPC keepalive with --grpc_channel_arguments",
     "grpc-http2-max-ping-strikes": "set gRPC keepalive with --grpc_channel_arguments",
-    "grpc-restricted-protocol": "servex's admin port serves the model repository extension",
-    "http-restricted-api": "servex's admin port serves the model repository extension",
     "grpc-infer-thread-count": "servex's gRPC calls run on its event loop",
     "reuse-grpc-port": "servex's listeners share the gRPC port among themselves (--grpc_listeners)",
     "reuse-http-port": "servex's REST port is one listener",
@@ -204,6 +204,10 @@ def add_triton_flags(p: argparse.ArgumentParser, bool_type) -> None:
         default=None,
         help="true: as --disable-auto-complete-config",
     )
+    for flag in ("grpc-restricted-protocol", "http-restricted-api"):
+        g.add_argument(f"--{flag}", dest=f"triton_{flag.replace('-', '_')}", action="append", default=[],
+                       metavar="CATEGORY[,...]:KEY=VALUE",
+                       help="model-repository:KEY=VALUE: load and unload need that header")  # fmt: skip
     g.add_argument(
         "--backend-config",
         dest="triton_backend_config",
@@ -239,6 +243,7 @@ def apply(args: argparse.Namespace, given: set[str], fail, notes: list[str]) -> 
         for value in values or ():
             notes.append(f"--{flag}={value} has no effect in servex: {NO_EFFECT_FLAGS[flag]}")
     args.repository_auto_complete, args.repository_default_max_batch_size = True, 4  # Triton's defaults
+    args.repository_restrictions = {}
     repositories = list(dict.fromkeys(args.triton_model_repository))  # Triton keeps a set: a path given twice is one
     args.triton_model_repository = repositories
     if not repositories:
@@ -301,6 +306,20 @@ def apply(args: argparse.Namespace, given: set[str], fail, notes: list[str]) -> 
         args.ssl_server_key_file = args.triton_grpc_server_key
         args.ssl_custom_ca_file = args.triton_grpc_root_cert
         args.ssl_client_verify = bool(args.triton_grpc_use_ssl_mutual)
+    if mode == "explicit" and args.serving_processes > 1:
+        fail("--model-control-mode=explicit needs --serving_processes=1: a load or unload would reach one of the "
+             "processes sharing the ports")  # fmt: skip
+    for protocol, flag in (("grpc", "grpc-restricted-protocol"), ("http", "http-restricted-api")):
+        for item in getattr(args, f"triton_{flag.replace('-', '_')}"):
+            categories, colon, header = item.partition(":")
+            key, eq, value = header.partition("=")
+            if not colon or not eq or not key.strip():
+                fail(f"--{flag}={item}: expected CATEGORY[,CATEGORY...]:KEY=VALUE")
+            other = sorted({c.strip() for c in categories.split(",")} - {"model-repository"})
+            if other:
+                fail(f"--{flag}={item}: servex restricts only the model-repository category; {other} would be "
+                     f"served open, not restricted")  # fmt: skip
+            args.repository_restrictions[protocol] = (key.strip().lower(), value)
     if args.triton_model_load_retry_count is not None:
         args.max_num_load_retries = args.triton_model_load_retry_count
     args.repository_auto_complete = not (args.triton_disable_auto_complete_config or args.triton_strict_model_config)

@@ -21,7 +21,8 @@ from server.tensors import MAX_DIMS, check_shape, extend_in_chunks
 
 BYTES = "BYTES"
 # What ServerMetadata lists (gRPC and REST alike, as Triton lists one set for both): the extensions the main port
-# serves. The model repository extension is on the admin port, which lists it alone.
+# serves. The model repository extension is on the admin port, which lists it alone (and on the main port too, added
+# to these, in explicit model control of a Triton model repository).
 EXTENSIONS = (
     "classification",
     "model_configuration",

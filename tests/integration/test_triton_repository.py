@@ -349,11 +349,40 @@ def test_explicit_mode_loads_what_it_is_told_on_every_port(tmp_path_factory, sav
         request.parameters["base_path"].string_param = str(root / "b")  # servex's own parameter: not with repositories
         with pytest.raises(grpc.RpcError) as e:
             stub.RepositoryModelLoad(request, timeout=30)
-        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "'base_path' is not taken" in e.value.details()
+        assert (
+            e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            and "supported: none (models load by name" in e.value.details()
+        )
     finally:
         daemon.stop()
     result = run_to_exit([f"--model-repository={root}", "--model-control-mode=explicit", "--load-model=d"])
     assert result.returncode == 1 and "--load-model d: no such model in the model repositories" in result.stderr
+
+
+def test_a_restricted_repository_extension_asks_for_its_header(tmp_path_factory, saved_sum):
+    root = tmp_path_factory.mktemp("restricted")
+    for name in ("a", "b"):
+        add_model(root, name, saved_sum)
+    daemon = start(tmp_path_factory, f"--model-repository={root}", "--model-control-mode=explicit",
+                   "--grpc-restricted-protocol=model-repository:admin-key=s3cret",
+                   "--http-restricted-api=model-repository:admin-key=s3cret",
+                   "--load-model=a", "--rest_api_timeout_in_ms=1")  # fmt: skip
+    try:
+        client = triton.InferenceServerClient(daemon.address)
+        http_client = httpclient.InferenceServerClient(f"127.0.0.1:{daemon.rest_port}")
+        with pytest.raises(InferenceServerException, match="PERMISSION_DENIED.*expects header 'admin-key'"):
+            client.unload_model("a")
+        with pytest.raises(InferenceServerException, match="expects header 'admin-key'") as e:
+            http_client.load_model("b", headers={"admin-key": "wrong"})
+        assert e.value.status() == "403"
+        assert client.is_model_ready("a") and not client.is_model_ready("b")
+        # a load takes far longer than the 1 ms REST deadline: it is not bounded by it, it answers when b serves
+        http_client.load_model("b", headers={"admin-key": "s3cret"})
+        assert client.is_model_ready("b")
+        client.unload_model("a", headers={"admin-key": "s3cret"})
+        assert not client.is_model_ready("a")
+    finally:
+        daemon.stop()
 
 
 def test_in_none_mode_the_repository_extension_refuses_to_load_and_unload(tmp_path_factory, saved_sum):

@@ -70,6 +70,13 @@ def test_model_control_modes():
     assert s.load_models == () and any("--load-model has no effect" in n for n in notes)
 
 
+def test_the_repository_extension_can_be_restricted_as_in_triton():
+    s, _, _ = settings("--grpc-restricted-protocol=model-repository:Admin-Key=s3cret",
+                       "--http-restricted-api=model-repository:admin-key=other")  # fmt: skip
+    assert s.repository_restrictions == {"grpc": ("admin-key", "s3cret"), "http": ("admin-key", "other")}
+    assert settings()[0].repository_restrictions == {}
+
+
 def test_auto_complete_settings_and_retries():
     s, _, _ = settings()
     assert s.triton_auto_complete and s.triton_default_max_batch_size == 4
@@ -139,6 +146,18 @@ def test_flags_that_change_nothing_are_noted_with_the_reason():
             "--load-model=* loads every model: give it alone",
         ),
         (["--model-repository=/m", "--log-verbose=loud"], "expected an integer, true or false"),
+        (
+            ["--model-repository=/m", "--model-control-mode=explicit", "--serving_processes=2"],
+            "explicit needs --serving_processes=1",
+        ),
+        (
+            ["--model-repository=/m", "--grpc-restricted-protocol=inference,model-repository:k=v"],
+            "restricts only the model-repository category; ['inference'] would be served open",
+        ),
+        (
+            ["--model-repository=/m", "--http-restricted-api=model-repository"],
+            "expected CATEGORY[,CATEGORY...]:KEY=VALUE",
+        ),
         (["--model-repository=/m", "--backend-config=default-max-batch-size=x"], "must be an integer"),
         (["--model-repository=/m", "--model-control-mode=sometimes"], "invalid choice: 'sometimes'"),
         (["--model-repository=/m", "--model-control-mode=poll", "--repository-poll-secs=0"], "more than 0"),
