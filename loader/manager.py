@@ -79,7 +79,8 @@ class ServedVersion(Generic[S]):
     servable: S | None = None
     state: str = LOADING
     error: ServingError | None = None
-    # load attempts so far, when the next retry is due, and the folder's fingerprint at the last failure
+    # load attempts so far, when the next retry is due, and the folder's fingerprint when it was last loaded (or
+    # failed to)
     attempts: int = 0
     retry_at: float = 0.0
     fingerprint: tuple = ()
@@ -135,6 +136,9 @@ class ModelManager(Generic[S]):
         self._close = close_servable
         self.max_num_load_retries = max_num_load_retries
         self.load_retry_interval_s = load_retry_interval_s
+        # Reload a served version whose files changed in place (same number, same path): Triton's poll mode does;
+        # TensorFlow Serving's does not (a version folder is not rewritten there), so off by default.
+        self.reload_changed_files = False
         self._lock = threading.Lock()  # guards the tables; held only briefly, never during a load
         self._reconcile_lock = threading.Lock()  # serializes config changes and polls
         self._models: dict[str, _Model[S]] = {}
@@ -264,6 +268,8 @@ class ModelManager(Generic[S]):
             return True
         serving = model.versions[version]
         changed = serving.path != path or serving.config != model.spec.triton_config
+        if not changed and self.reload_changed_files:  # files replaced in place (Triton's poll mode reloads them)
+            changed = folder_fingerprint(path) != serving.fingerprint
         return changed and self._may_load(model, version, path, now)
 
     def _may_load(self, model: _Model[S], version: int, path: str, now: float) -> bool:
@@ -289,8 +295,11 @@ class ModelManager(Generic[S]):
             name, version, path, attempts=record.attempts if record else 0, config=model.spec.triton_config
         )
         fingerprint = folder_fingerprint(path)
-        if record is not None and (record.fingerprint != fingerprint or record.config != sv.config):
-            sv.attempts = 0  # new files or config: a fresh start
+        sv.fingerprint = fingerprint
+        if record is not None and (
+            record.error is None or record.fingerprint != fingerprint or record.config != sv.config
+        ):
+            sv.attempts = 0  # not a failure, or new files or config: a fresh start
         if not replacing:
             with self._lock:
                 model.versions[version] = sv

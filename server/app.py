@@ -118,6 +118,7 @@ def make_manager(settings: ServerSettings, warmup: Warmup | None = None) -> Mode
         load_retry_interval_s=settings.load_retry_interval_micros / 1e6,
         on_load=model_load,
     )
+    manager.reload_changed_files = bool(settings.model_repositories) and settings.model_control_mode == "poll"
     return manager
 
 

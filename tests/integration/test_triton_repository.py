@@ -251,7 +251,7 @@ def test_a_config_that_does_not_match_the_savedmodel_fails_its_load_naming_both(
         daemon.stop()
 
 
-def test_poll_mode_follows_the_repository(tmp_path_factory, saved_sum):
+def test_poll_mode_follows_the_repository(tmp_path_factory, saved_sum, saved_any_width):
     root = tmp_path_factory.mktemp("polled")
     add_model(root, "first", saved_sum)
     daemon = start(tmp_path_factory, f"--model-repository={root}", "--model-control-mode=poll",
@@ -280,6 +280,18 @@ def test_poll_mode_follows_the_repository(tmp_path_factory, saved_sum):
         time.sleep(1.5)
         np.testing.assert_array_equal(infer(client, "first", value), value * 2)
         assert "max_batch_sise" in daemon.log()
+        (root / "first" / "config.pbtxt").unlink()
+        # version 2 replaced in place by a SavedModel taking any width: reloaded, as Triton's poll mode reloads it
+        shutil.rmtree(root / "first" / "2" / "model.savedmodel")
+        shutil.copytree(saved_any_width, root / "first" / "2" / "model.savedmodel")
+        wide = np.ones((1, 5), np.float32)
+        while time.monotonic() < deadline + 30:
+            try:
+                np.testing.assert_array_equal(infer(client, "first", wide), wide * 2)
+                break
+            except InferenceServerException:  # still the old SavedModel (x [None,3]), or reloading
+                time.sleep(0.2)
+        np.testing.assert_array_equal(infer(client, "first", wide), wide * 2)
     finally:
         daemon.stop()
 
