@@ -20,6 +20,9 @@ Scheduling (the ticket says priority, deadline, model and metric labels):
   ``max_batch_size`` rows; they run as one (padded up to the next allowed batch size) and each caller gets
   exactly its own rows back. A free worker never waits for a batch to fill: batching costs nothing at low load,
   and under load batches form from what queues while the workers are busy. A request of 0 rows runs alone.
+  With ``pad_variable_length_inputs`` (TensorFlow Serving's), inputs of the same rank that differ in other
+  dimensions batch too: each is padded at the end of every dimension but the 0th to the batch's largest size, with
+  its own first element, as TensorFlow Serving pads; outputs come back at the padded size.
 - **Pacing** (``lower_priority_burst``): while requests of a higher priority arrive (one in the last second),
   the workers take lower-priority requests at most that many at a time (a burst), and the next burst only once
   the event loop has worked through the last one's answers: a probe put into the loop's queue behind them, as
@@ -68,6 +71,8 @@ class BatchingOptions:
 
     max_batch_size: int = 32
     allowed_batch_sizes: tuple[int, ...] = ()  # padded up to the next one; the last must be max_batch_size
+    # Inputs of one rank that differ beyond the 0th dimension batch together, padded (see pad_to_common_shape).
+    pad_variable_length_inputs: bool = False
 
 
 class Ticket(NamedTuple):
@@ -191,7 +196,11 @@ class RunHandler:
         # No rows (or scalars): nothing to batch, and nothing to pad with (its answer is its own, empty, run).
         if not 0 < rows <= batching.max_batch_size or any(v.ndim == 0 or v.shape[0] != rows for v in values):
             return self._enqueue(executor.run, (feeds, fetches, (), "", pin), ticket, None, {}, 0, nbytes)
-        key = (id(executor), tuple(feeds), fetches, pin, tuple([(v.dtype, v.shape[1:]) for v in values]))
+        if batching.pad_variable_length_inputs:  # any size beyond the 0th dimension (an empty input has no padding)
+            shapes = tuple([(v.dtype, v.ndim if v.size else v.shape[1:]) for v in values])
+        else:
+            shapes = tuple([(v.dtype, v.shape[1:]) for v in values])
+        key = (id(executor), tuple(feeds), fetches, pin, shapes)
         if key in self._unbatchable:
             return self._enqueue(executor.run, (feeds, fetches, (), "", pin), ticket, None, {}, 0, nbytes)
         item_args = (executor, fetches, pin, batching)
@@ -503,6 +512,8 @@ class RunHandler:
         feeds = {}
         for name in first.feeds:
             parts = [item.feeds[name] for item in batch]  # each has rows: zero-row requests never batch
+            if batching.pad_variable_length_inputs:
+                parts = pad_to_common_shape(parts)
             if size > total:  # pad with copies of the last row, as TensorFlow Serving pads
                 parts.append(np.repeat(parts[-1][-1:], size - total, axis=0))
             feeds[name] = parts[0] if len(parts) == 1 else np.concatenate(parts)
@@ -552,3 +563,19 @@ class RunHandler:
 
 class _NotBatchable(Exception):
     pass
+
+
+def pad_to_common_shape(parts: list[np.ndarray]) -> list[np.ndarray]:
+    """``parts`` (arrays of one rank, each with elements) padded at the end of every dimension but the 0th to the
+    largest size among them, each with its own first element: TensorFlow Serving's pad_variable_length_inputs
+    (batching_util.cc pads with ``input.flat<T>()(0)``). Parts already at that shape are returned as they are."""
+    target = tuple(max(sizes) for sizes in zip(*[p.shape[1:] for p in parts], strict=True))
+    out = []
+    for part in parts:
+        if part.shape[1:] == target:
+            out.append(part)
+            continue
+        padded = np.full((part.shape[0], *target), part.flat[0], dtype=part.dtype)
+        padded[tuple([slice(0, n) for n in part.shape])] = part
+        out.append(padded)
+    return out

@@ -1,6 +1,7 @@
 """Throughput and latency of servex's TensorFlow Serving Predict, with the shared benchmark kit's h2load driver.
 
     python scripts/bench_predict.py [--seconds 8] [--concurrency 1,8,32] [--workdir /tmp/servex-bench] [--tls]
+                                    [--width N] [--servex_flag=--enable_batching]
 
 Exports the kit's MLP (64 float features -> 3x256 ReLU -> score) with ../shared/bench/make_models.py, starts
 servex on it on loopback, sends batch-1 PredictRequests (tensor_content) through h2load
@@ -8,6 +9,8 @@ servex on it on loopback, sends batch-1 PredictRequests (tensor_content) through
 the answer first, since h2load only counts HTTP-level success. With ``--tls`` servex serves gRPC over TLS
 (--ssl_config_file, certificates made for the run by tests/certificates.py) and h2load speaks it (h2 by ALPN; it
 does not check the certificate); each of its connections makes one handshake, in the warm-up second.
+``--width N`` serves the same MLP with N units per layer instead (exported here, scripts/wide_mlp.py): with a large
+N each run, not each call, is what costs.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import tensorflow as tf  # noqa: E402
 from h2grpc import run as h2load_run  # noqa: E402
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc  # noqa: E402
 
+from scripts.wide_mlp import export_wide_mlp  # noqa: E402
 from tests.integration.daemon import Daemon  # noqa: E402
 
 
@@ -66,9 +70,14 @@ def main() -> None:
     ap.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "servex-bench"))
     ap.add_argument("--servex_flag", action="append", default=[], help="extra servex flag, repeatable")
     ap.add_argument("--tls", action="store_true", help="gRPC over TLS (--ssl_config_file)")
+    ap.add_argument("--width", type=int, default=0, help="units per layer of an MLP exported here; 0: the kit's MLP")
     a = ap.parse_args()
     work = Path(a.workdir)
     subprocess.run([sys.executable, str(KIT / "make_models.py"), str(work), "mlp"], check=True, capture_output=True)
+    model = work / "mlp"
+    if a.width:
+        model = work / f"mlp_width{a.width}"
+        export_wide_mlp(model / "1", a.width)
 
     x = np.random.default_rng(0).random((1, 64), dtype=np.float32)
     req = predict_pb2.PredictRequest()
@@ -88,7 +97,7 @@ def main() -> None:
         (work / "ssl.config").write_text(ssl_config(authority.server()))
         flags.append(f"--ssl_config_file={work / 'ssl.config'}")
         credentials = grpc.ssl_channel_credentials(authority.cert.encode())
-    daemon = Daemon([f"--model_base_path={work / 'mlp'}", "--model_name=mlp", *flags], work,
+    daemon = Daemon([f"--model_base_path={model}", "--model_name=mlp", *flags], work,
                     credentials=credentials).wait_serving()  # fmt: skip
     try:
         reply = prediction_service_pb2_grpc.PredictionServiceStub(daemon.channel).Predict(req, timeout=30)
@@ -96,7 +105,8 @@ def main() -> None:
         for c in (int(v) for v in a.concurrency.split(",")):
             drive = h2load_tls if a.tls else h2load_run
             result = drive(daemon.port, str(frame), c, a.seconds, METHOD)
-            result["label"] = "servex Predict " + " ".join(a.servex_flag) + (" TLS" if a.tls else "")
+            result["label"] = ("servex Predict " + " ".join(a.servex_flag) + (" TLS" if a.tls else "")
+                               + (f" width {a.width}" if a.width else ""))  # fmt: skip
             print(json.dumps(result), flush=True)
     finally:
         daemon.stop()

@@ -214,9 +214,8 @@ def parse_batching_parameters(text: str, where: str) -> BatchingOptions:
         raise InvalidArgument(
             f"{where}: allowed_batch_sizes {list(allowed)} must increase and end with max_batch_size {size}"
         )
-    if params.pad_variable_length_inputs:
-        log.warning("%s: pad_variable_length_inputs is not supported: requests of other shapes batch separately", where)
-    return BatchingOptions(max_batch_size=size, allowed_batch_sizes=allowed)
+    return BatchingOptions(max_batch_size=size, allowed_batch_sizes=allowed,
+                           pad_variable_length_inputs=params.pad_variable_length_inputs)  # fmt: skip
 
 
 PER_MODEL_BATCHING_FILE = "batching_params.pbtxt"  # TensorFlow Serving's name, inside the version folder

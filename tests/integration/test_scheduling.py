@@ -217,3 +217,74 @@ def test_the_timeout_parameter_bounds_the_wait_to_run_not_the_run(one_worker):
     request.parameters["timeout"].int64_param = 300_000
     reply = service_pb2_grpc.GRPCInferenceServiceStub(daemon.channel).ModelInfer(request, timeout=30)
     assert np.frombuffer(reply.raw_output_contents[0], np.int64).tolist() == [600_000]
+
+
+@pytest.fixture(scope="module")
+def sequences_model(tmp_path_factory):
+    """``serving_default``: tokens [None,None] float32 -> doubled (same shape) and length (the length each row was
+    run at, int32 [None]); ``hold``: a while loop of ``iterations`` steps, to keep the one worker busy."""
+
+    class Sequences(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None, None], tf.float32, name="tokens")])
+        def serve(self, tokens):
+            return {"doubled": tokens * 2.0, "length": tf.fill([tf.shape(tokens)[0]], tf.shape(tokens)[1])}
+
+        @tf.function(input_signature=[tf.TensorSpec([], tf.int64, name="iterations")])
+        def hold(self, iterations):
+            return {"count": tf.while_loop(lambda i: i < iterations, lambda i: i + 1, [tf.constant(0, tf.int64)])[0]}
+
+    base = tmp_path_factory.mktemp("sequences")
+    module = Sequences()
+    tf.saved_model.save(module, str(base / "1"), signatures={"serving_default": module.serve, "hold": module.hold})
+    return base
+
+
+def test_pad_variable_length_inputs_batches_callers_of_other_lengths(start_daemon, sequences_model, tmp_path):
+    """TensorFlow Serving's pad_variable_length_inputs: requests queued behind a long run, with sequences of other
+    lengths, run as one batch padded to the longest, each with its own first value; every caller gets its own rows
+    at the padded length, as from TensorFlow Serving."""
+    params = tmp_path / "batching.txt"
+    params.write_text("max_batch_size { value: 8 }\npad_variable_length_inputs: true\n")
+    daemon = start_daemon(f"--model_base_path={sequences_model}", "--model_name=seq", "--num_run_workers=1",
+                          f"--batching_parameters_file={params}")  # fmt: skip
+
+    def call(signature, alias, value):
+        req = predict_pb2.PredictRequest()
+        req.model_spec.name, req.model_spec.signature_name = "seq", signature
+        req.inputs[alias].CopyFrom(tf.make_tensor_proto(value))
+        channel = grpc.insecure_channel(daemon.address)
+        try:
+            reply = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(req, timeout=60)
+            return {name: tf.make_ndarray(tensor) for name, tensor in reply.outputs.items()}
+        finally:
+            channel.close()
+
+    sequences = [np.array([[1, 2]], np.float32), np.array([[3, 4, 5, 6], [7, 8, 9, 10]], np.float32),
+                 np.array([[11]], np.float32)]  # fmt: skip
+    answers = {}
+
+    def caller(i):
+        answers[i] = call("serving_default", "tokens", sequences[i])
+
+    def until(condition):
+        deadline = time.monotonic() + 30
+        while not condition() and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    holder = threading.Thread(target=call, args=("hold", "iterations", np.array(1_200_000, np.int64)))
+    holder.start()
+    until(lambda: metric(daemon, "servex_queue_wait_seconds_count", model="seq", signature="hold") == 1)  # running
+    callers = [threading.Thread(target=caller, args=(i,)) for i in range(len(sequences))]
+    for t in callers:
+        t.start()
+    until(lambda: metric(daemon, "servex_queue_depth", model="seq") == 3)
+    assert holder.is_alive(), "the long run ended before the callers queued behind it"
+    for t in (holder, *callers):
+        t.join(60)
+    np.testing.assert_array_equal(answers[0]["doubled"], [[2, 4, 2, 2]])
+    np.testing.assert_array_equal(answers[1]["doubled"], sequences[1] * 2)
+    np.testing.assert_array_equal(answers[2]["doubled"], [[22, 22, 22, 22]])
+    assert [answers[i]["length"].tolist() for i in range(3)] == [[4], [4, 4], [4]]  # one run, at the longest
+    assert metric(daemon, "servex_batch_size_sum", model="seq", signature="serving_default") == 3 * 3
+    # Alone, a caller is run at its own length.
+    assert call("serving_default", "tokens", sequences[0])["doubled"].tolist() == [[2, 4]]

@@ -76,11 +76,10 @@ max_execution_batch_size { value: 4 }
 """
     with caplog.at_level("WARNING", logger="servex"):
         options = parse_batching_parameters(text, "the file")
-    assert options == BatchingOptions(max_batch_size=8, allowed_batch_sizes=(4, 8))
-    assert "the file: pad_variable_length_inputs is not supported" in caplog.text
-    caplog.clear()
-    parse_batching_parameters("max_batch_size { value: 8 }\npad_variable_length_inputs: false\n", "the file")
-    assert "pad_variable_length_inputs" not in caplog.text
+    assert options == BatchingOptions(max_batch_size=8, allowed_batch_sizes=(4, 8), pad_variable_length_inputs=True)
+    assert "pad_variable_length_inputs" not in caplog.text  # applied, not refused
+    assert not parse_batching_parameters("pad_variable_length_inputs: false\n", "f").pad_variable_length_inputs
+    assert not parse_batching_parameters("", "f").pad_variable_length_inputs
 
 
 class _Node:

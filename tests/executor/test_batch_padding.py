@@ -1,0 +1,76 @@
+"""Batching inputs that differ beyond the 0th dimension: TensorFlow Serving's pad_variable_length_inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from executor.run_handler import BatchingOptions, RunHandler, pad_to_common_shape
+from tests.executor.test_scheduling import _batched
+
+
+class Echo:
+    """A GraphExecutor stand-in: run() answers 'x' as it was fed, and records the shape of each run's feed."""
+
+    def __init__(self):
+        self.runs: list[tuple[int, ...]] = []
+
+    def run(self, feeds, fetches, targets=(), graph_name="", pin=False):
+        self.runs.append(feeds["x"].shape)
+        return [feeds["x"]]
+
+
+def batched(values, **options):
+    handler = RunHandler(1, batching=BatchingOptions(**{"max_batch_size": 8, **options}))
+    executor = Echo()
+    try:
+        return executor.runs, [result[0] for result in _batched(handler, executor, values)]
+    finally:
+        handler.close()
+
+
+def test_inputs_of_other_lengths_run_as_one_batch_each_padded_with_its_own_first_element():
+    values = [np.array([[1, 2]], np.float32), np.array([[3, 4, 5], [6, 7, 8]], np.float32),
+              np.array([[9]], np.float32)]  # fmt: skip
+    runs, results = batched(values, pad_variable_length_inputs=True)
+    assert runs == [(4, 3)]  # one run of the 4 rows, at the longest length
+    np.testing.assert_array_equal(results[0], [[1, 2, 1]])
+    np.testing.assert_array_equal(results[1], [[3, 4, 5], [6, 7, 8]])
+    np.testing.assert_array_equal(results[2], [[9, 9, 9]])
+
+
+def test_without_padding_inputs_of_other_lengths_run_apart_at_their_own_length():
+    values = [np.array([[1, 2]], np.float32), np.array([[3, 4, 5]], np.float32), np.array([[6, 7]], np.float32)]
+    runs, results = batched(values)
+    assert runs == [(2, 2), (1, 3)]
+    for value, result in zip(values, results, strict=True):
+        np.testing.assert_array_equal(result, value)
+
+
+def test_every_dimension_but_the_0th_is_padded_strings_too():
+    values = [np.array([[[b"a", b"b"]]], object), np.array([[[b"c"], [b"d"], [b"e"]]], object)]
+    runs, results = batched(values, pad_variable_length_inputs=True)
+    assert runs == [(2, 3, 2)]
+    assert results[0].tolist() == [[[b"a", b"b"], [b"a", b"a"], [b"a", b"a"]]]
+    assert results[1].tolist() == [[[b"c", b"c"], [b"d", b"c"], [b"e", b"c"]]]
+
+
+def test_padded_inputs_are_then_padded_up_to_an_allowed_batch_size():
+    values = [np.array([[1]], np.int64), np.array([[2, 3, 4]], np.int64), np.array([[5, 6]], np.int64)]
+    runs, results = batched(values, max_batch_size=4, allowed_batch_sizes=(2, 4), pad_variable_length_inputs=True)
+    assert runs == [(4, 3)]
+    assert [r.tolist() for r in results] == [[[1, 1, 1]], [[2, 3, 4]], [[5, 6, 5]]]
+
+
+def test_inputs_of_another_rank_or_dtype_or_without_elements_batch_apart():
+    values = [np.ones((1, 2), np.float32), np.ones((1, 2, 1), np.float32), np.ones((1, 3), np.int32),
+              np.ones((1, 0), np.float32), np.ones((1, 4), np.float32), np.ones((1, 0), np.float32)]  # fmt: skip
+    runs, results = batched(values, pad_variable_length_inputs=True)
+    assert runs == [(2, 4), (1, 2, 1), (1, 3), (2, 0)]  # an empty input has no first element to pad with
+    assert [r.shape for r in results] == [(1, 4), (1, 2, 1), (1, 3), (1, 0), (1, 4), (1, 0)]
+
+
+@pytest.mark.parametrize("shapes", [[(1, 3), (2, 3)], [(3,), (1,)]])
+def test_parts_already_at_the_common_shape_are_not_copied(shapes):
+    parts = [np.zeros(shape, np.float32) for shape in shapes]
+    assert all(a is b for a, b in zip(pad_to_common_shape(parts), parts, strict=True))
