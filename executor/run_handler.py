@@ -132,6 +132,7 @@ class RunHandler:
         hold_seconds: float = 0.001,
         lower_priority_burst: int = 0,
         pace_timeout: float = 0.1,
+        max_padded_batch_bytes: int = 0,
     ):
         if num_workers < 1:
             raise ValueError(f"num_workers must be at least 1, got {num_workers}")
@@ -140,6 +141,9 @@ class RunHandler:
         self._queued_bytes = 0  # input bytes of every queued request (counted only with max_queued_bytes)
         self.aging_seconds = aging_seconds
         self.batching = batching
+        # With pad_variable_length_inputs, a request joins a batch only while the batch's padded inputs stay within
+        # this many bytes (0: no bound); the server passes its message size limit.
+        self.max_padded_batch_bytes = max_padded_batch_bytes
         self.hold_seconds = hold_seconds
         # Pacing (0: off): lower-priority requests started per catch-up of the event loop; a probe that has not
         # come back after pace_timeout seconds (a stalled loop) counts as back, so the queue never stops.
@@ -329,6 +333,9 @@ class RunHandler:
             if item.batch_key is not None:
                 rows = item.rows
                 most = outbox.credit if paced else math.inf  # requests in the batch
+                shapes = None  # padded batching: the shapes beyond the 0th dimension its inputs are padded to
+                if item.args[3].pad_variable_length_inputs:
+                    shapes = {name: value.shape[1:] for name, value in item.feeds.items()}
                 for other in list(queue):
                     if len(batch) >= most:
                         break
@@ -337,6 +344,10 @@ class RunHandler:
                         and rows + other.rows <= item.args[3].max_batch_size
                         and (not paced or other.outbox is outbox)  # credit is the loop's own
                     ):
+                        if shapes is not None:
+                            merged = {n: tuple(map(max, dims, other.feeds[n].shape[1:])) for n, dims in shapes.items()}
+                            if self._over_padded_bytes(item.feeds, merged, rows + other.rows):
+                                continue  # it waits for a batch of its own size
                         queue.remove(other)
                         self._dequeued(other)
                         expired = other.ticket.deadline is not None and now > other.ticket.deadline
@@ -345,12 +356,23 @@ class RunHandler:
                             continue
                         batch.append(other)
                         rows += other.rows
+                        if shapes is not None:
+                            shapes = merged
             if not queue:
                 del self._levels[level]
             if paced:
                 outbox.credit -= len(batch)
                 outbox.probe_due = outbox.credit <= 0  # the worker sends it once the batch's answers are back
             return batch
+
+    def _over_padded_bytes(self, feeds: dict, shapes: dict, rows: int) -> bool:
+        """Whether inputs like ``feeds`` padded to ``shapes`` (beyond the 0th dimension) for ``rows`` rows would
+        hold more than ``max_padded_batch_bytes``: padding one long input's length onto many short ones must not
+        make a batch that no single request could be."""
+        if not self.max_padded_batch_bytes:
+            return False
+        nbytes = sum(rows * math.prod(shapes[n]) * v.dtype.itemsize for n, v in feeds.items())
+        return nbytes > self.max_padded_batch_bytes
 
     def _dropped_head(self, level: int, now: float) -> bool:
         """Drop the first request of ``level`` if its caller went away or its deadline passed (gRPC cancels at the

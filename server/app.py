@@ -421,6 +421,7 @@ async def serve(settings: ServerSettings) -> int:
         batching=batching,
         hold_seconds=settings.result_hold_micros / 1e6,
         lower_priority_burst=settings.lower_priority_burst,
+        max_padded_batch_bytes=settings.max_message_bytes,
     )
     warmup = None
     if settings.enable_model_warmup:

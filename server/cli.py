@@ -221,7 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=d.max_message_bytes,
         help="largest gRPC message received or sent, largest decoded input tensor (and total of a request's broadcast "
-        "inputs, or of its inputs read from shared memory), and largest REST body (also once decompressed), in bytes",
+        "inputs, or of its inputs read from shared memory), largest REST body (also once decompressed), and largest "
+        "batch of inputs padded by pad_variable_length_inputs, in bytes",
     )
     p.add_argument(
         "--num_run_workers",

@@ -20,8 +20,9 @@ class Echo:
         return [feeds["x"]]
 
 
-def batched(values, **options):
-    handler = RunHandler(1, batching=BatchingOptions(**{"max_batch_size": 8, **options}))
+def batched(values, max_padded_batch_bytes=0, **options):
+    batching = BatchingOptions(**{"max_batch_size": 8, **options})
+    handler = RunHandler(1, batching=batching, max_padded_batch_bytes=max_padded_batch_bytes)
     executor = Echo()
     try:
         return executor.runs, [result[0] for result in _batched(handler, executor, values)]
@@ -68,6 +69,20 @@ def test_inputs_of_another_rank_or_dtype_or_without_elements_batch_apart():
     runs, results = batched(values, pad_variable_length_inputs=True)
     assert runs == [(2, 4), (1, 2, 1), (1, 3), (2, 0)]  # an empty input has no first element to pad with
     assert [r.shape for r in results] == [(1, 4), (1, 2, 1), (1, 3), (1, 0), (1, 4), (1, 0)]
+
+
+def test_a_request_joins_a_padded_batch_only_while_the_padded_inputs_stay_within_the_bound():
+    """Padding one long input's length onto many short ones must not make a batch larger than any request may be:
+    a request that would take the padded batch past the bound waits for the next batch."""
+    values = [np.ones((1, 2), np.float32), np.ones((1, 1000), np.float32), np.ones((2, 3), np.float32),
+              np.ones((1, 900), np.float32)]  # fmt: skip
+    runs, results = batched(values, max_padded_batch_bytes=7000, pad_variable_length_inputs=True)
+    # [1,2] with [1,1000] would be 2 x 1000 float32s, 8,000 bytes: the [2,3] joins instead, the [1,900] does not
+    # (4 x 900 x 4 bytes); then [1,1000] with [1,900] would be 8,000 bytes again: each runs at its own length.
+    assert runs == [(3, 3), (1, 1000), (1, 900)]
+    assert [r.shape for r in results] == [(1, 3), (1, 1000), (2, 3), (1, 900)]
+    runs, _ = batched(values, pad_variable_length_inputs=True)  # no bound
+    assert runs == [(5, 1000)]
 
 
 @pytest.mark.parametrize("shapes", [[(1, 3), (2, 3)], [(3,), (1,)]])

@@ -242,11 +242,12 @@ def sequences_model(tmp_path_factory):
 def test_pad_variable_length_inputs_batches_callers_of_other_lengths(start_daemon, sequences_model, tmp_path):
     """TensorFlow Serving's pad_variable_length_inputs: requests queued behind a long run, with sequences of other
     lengths, run as one batch padded to the longest, each with its own first value; every caller gets its own rows
-    at the padded length, as from TensorFlow Serving."""
+    at the padded length, as from TensorFlow Serving. A sequence whose length would take the padded batch past
+    --max_message_bytes runs in a batch of its own."""
     params = tmp_path / "batching.txt"
     params.write_text("max_batch_size { value: 8 }\npad_variable_length_inputs: true\n")
     daemon = start_daemon(f"--model_base_path={sequences_model}", "--model_name=seq", "--num_run_workers=1",
-                          f"--batching_parameters_file={params}")  # fmt: skip
+                          f"--batching_parameters_file={params}", "--max_message_bytes=8192")  # fmt: skip
 
     def call(signature, alias, value):
         req = predict_pb2.PredictRequest()
@@ -259,32 +260,36 @@ def test_pad_variable_length_inputs_batches_callers_of_other_lengths(start_daemo
         finally:
             channel.close()
 
-    sequences = [np.array([[1, 2]], np.float32), np.array([[3, 4, 5, 6], [7, 8, 9, 10]], np.float32),
-                 np.array([[11]], np.float32)]  # fmt: skip
-    answers = {}
-
-    def caller(i):
-        answers[i] = call("serving_default", "tokens", sequences[i])
-
     def until(condition):
         deadline = time.monotonic() + 30
         while not condition() and time.monotonic() < deadline:
             time.sleep(0.02)
 
+    long = np.arange(1, 601, dtype=np.float32)[None]  # 2,400 bytes; padded with the 4 rows below: 12,000
+    sequences = [np.array([[1, 2]], np.float32), np.array([[3, 4, 5, 6], [7, 8, 9, 10]], np.float32),
+                 np.array([[11]], np.float32), long]  # fmt: skip
+    answers = {}
+
+    def caller(i):
+        answers[i] = call("serving_default", "tokens", sequences[i])
+
     holder = threading.Thread(target=call, args=("hold", "iterations", np.array(1_200_000, np.int64)))
     holder.start()
     until(lambda: metric(daemon, "servex_queue_wait_seconds_count", model="seq", signature="hold") == 1)  # running
-    callers = [threading.Thread(target=caller, args=(i,)) for i in range(len(sequences))]
-    for t in callers:
-        t.start()
-    until(lambda: metric(daemon, "servex_queue_depth", model="seq") == 3)
+    callers = []
+    for i in range(len(sequences)):  # one at a time, so that they queue in this order
+        callers.append(threading.Thread(target=caller, args=(i,)))
+        callers[-1].start()
+        until(lambda i=i: metric(daemon, "servex_queue_depth", model="seq") == i + 1)
     assert holder.is_alive(), "the long run ended before the callers queued behind it"
     for t in (holder, *callers):
         t.join(60)
     np.testing.assert_array_equal(answers[0]["doubled"], [[2, 4, 2, 2]])
     np.testing.assert_array_equal(answers[1]["doubled"], sequences[1] * 2)
     np.testing.assert_array_equal(answers[2]["doubled"], [[22, 22, 22, 22]])
-    assert [answers[i]["length"].tolist() for i in range(3)] == [[4], [4, 4], [4]]  # one run, at the longest
-    assert metric(daemon, "servex_batch_size_sum", model="seq", signature="serving_default") == 3 * 3
+    np.testing.assert_array_equal(answers[3]["doubled"], long * 2)
+    # One run of the three short ones at the longest of them; the long one on its own.
+    assert [answers[i]["length"].tolist() for i in range(4)] == [[4], [4, 4], [4], [600]]
+    assert metric(daemon, "servex_batch_size_sum", model="seq", signature="serving_default") == 3 * 3 + 1
     # Alone, a caller is run at its own length.
     assert call("serving_default", "tokens", sequences[0])["doubled"].tolist() == [[2, 4]]
