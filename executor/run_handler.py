@@ -333,31 +333,31 @@ class RunHandler:
             if item.batch_key is not None:
                 rows = item.rows
                 most = outbox.credit if paced else math.inf  # requests in the batch
-                shapes = None  # padded batching: the shapes beyond the 0th dimension its inputs are padded to
-                if item.args[3].pad_variable_length_inputs:
-                    shapes = {name: value.shape[1:] for name, value in item.feeds.items()}
+                batching = item.args[3]
+                padded = _PaddedBatch.of(item) if batching.pad_variable_length_inputs else None
                 for other in list(queue):
                     if len(batch) >= most:
                         break
                     if (
                         other.batch_key == item.batch_key
-                        and rows + other.rows <= item.args[3].max_batch_size
+                        and rows + other.rows <= batching.max_batch_size
                         and (not paced or other.outbox is outbox)  # credit is the loop's own
                     ):
-                        if shapes is not None:
-                            merged = {n: tuple(map(max, dims, other.feeds[n].shape[1:])) for n, dims in shapes.items()}
-                            if self._over_padded_bytes(item.feeds, merged, rows + other.rows):
-                                continue  # it waits for a batch of its own size
-                        queue.remove(other)
-                        self._dequeued(other)
                         expired = other.ticket.deadline is not None and now > other.ticket.deadline
                         if other.future.cancelled() or expired:
+                            queue.remove(other)
+                            self._dequeued(other)
                             self._drop(other, now, expired)
                             continue
+                        if padded is not None:
+                            joined = padded.joined(other)
+                            if self._over_padded_bytes(joined, batching, item.feeds):
+                                continue  # it waits for a later batch
+                            padded = joined
+                        queue.remove(other)
+                        self._dequeued(other)
                         batch.append(other)
                         rows += other.rows
-                        if shapes is not None:
-                            shapes = merged
             if not queue:
                 del self._levels[level]
             if paced:
@@ -365,14 +365,14 @@ class RunHandler:
                 outbox.probe_due = outbox.credit <= 0  # the worker sends it once the batch's answers are back
             return batch
 
-    def _over_padded_bytes(self, feeds: dict, shapes: dict, rows: int) -> bool:
-        """Whether inputs like ``feeds`` padded to ``shapes`` (beyond the 0th dimension) for ``rows`` rows would
-        hold more than ``max_padded_batch_bytes``: padding one long input's length onto many short ones must not
-        make a batch that no single request could be."""
-        if not self.max_padded_batch_bytes:
+    def _over_padded_bytes(self, padded: _PaddedBatch, batching: BatchingOptions, feeds: dict) -> bool:
+        """Whether a batch padded as ``padded`` says (inputs like ``feeds``) would hold more than
+        ``max_padded_batch_bytes`` where padding makes it larger than its inputs are: padding one long input's
+        length onto short ones must not make a batch no single request could be. A batch that needs no padding is
+        bounded as without pad_variable_length_inputs: not at all."""
+        if not self.max_padded_batch_bytes or not padded.padded:
             return False
-        nbytes = sum(rows * math.prod(shapes[n]) * v.dtype.itemsize for n, v in feeds.items())
-        return nbytes > self.max_padded_batch_bytes
+        return padded.nbytes(feeds, batch_rows(batching, padded.rows)) > self.max_padded_batch_bytes
 
     def _dropped_head(self, level: int, now: float) -> bool:
         """Drop the first request of ``level`` if its caller went away or its deadline passed (gRPC cancels at the
@@ -524,10 +524,7 @@ class RunHandler:
         executor, fetches, pin, batching = first.args
         rows = [item.rows for item in batch]
         total = sum(rows)
-        size = total
-        allowed = batching.allowed_batch_sizes
-        if allowed:
-            size = allowed[min(bisect.bisect_left(allowed, total), len(allowed) - 1)]
+        size = batch_rows(batching, total)
         if len(batch) == 1 and size == total:  # nothing to merge, pad or split: the caller's own run
             self._run_alone(first, executor, fetches, pin, started, held)
             return
@@ -585,6 +582,56 @@ class RunHandler:
 
 class _NotBatchable(Exception):
     pass
+
+
+def batch_rows(batching: BatchingOptions, rows: int) -> int:
+    """The rows a batch of ``rows`` rows runs at: the next allowed batch size, if any are set."""
+    allowed = batching.allowed_batch_sizes
+    return allowed[min(bisect.bisect_left(allowed, rows), len(allowed) - 1)] if allowed else rows
+
+
+def _strings(feeds: dict) -> int:
+    """The bytes of the strings in ``feeds``' string tensors."""
+    return sum(sum(map(len, value.flat)) for value in feeds.values() if value.dtype.kind == "O")
+
+
+def _first_len(value: np.ndarray) -> int:
+    """The bytes of a string tensor's first string (what pads it), 0 without one."""
+    return len(value.flat[0]) if value.size else 0
+
+
+class _PaddedBatch:
+    """A batch being formed with pad_variable_length_inputs: the shapes beyond the 0th dimension its inputs are
+    padded to, its rows, whether any input needs padding, and for string tensors the bytes of their strings and of
+    the longest first string (what padding copies), for the byte bound."""
+
+    __slots__ = ("dims", "rows", "padded", "strings", "first")
+
+    def __init__(self, dims: dict, rows: int, padded: bool, strings: int, first: dict):
+        self.dims, self.rows, self.padded, self.strings, self.first = dims, rows, padded, strings, first
+
+    @classmethod
+    def of(cls, item) -> _PaddedBatch:
+        """A batch of ``item`` (an _Item) alone."""
+        feeds = item.feeds
+        first = {name: _first_len(value) for name, value in feeds.items() if value.dtype.kind == "O"}
+        return cls({name: value.shape[1:] for name, value in feeds.items()}, item.rows, False, _strings(feeds), first)
+
+    def joined(self, other) -> _PaddedBatch:
+        """This batch with ``other`` (an _Item of the same batch key) in it."""
+        feeds = other.feeds
+        dims = {name: tuple(map(max, sizes, feeds[name].shape[1:])) for name, sizes in self.dims.items()}
+        padded = self.padded or dims != self.dims or any(feeds[name].shape[1:] != dims[name] for name in dims)
+        first = {name: max(size, _first_len(feeds[name])) for name, size in self.first.items()}
+        return _PaddedBatch(dims, self.rows + other.rows, padded, self.strings + _strings(feeds), first)
+
+    def nbytes(self, feeds: dict, rows: int) -> int:
+        """At most what the padded inputs hold at ``rows`` rows (``feeds``: a member's, for the dtypes): each
+        element's own bytes, and for strings their own contents plus, per element, the longest first string."""
+        total = self.strings
+        for name, value in feeds.items():
+            total += rows * math.prod(self.dims[name]) * (value.dtype.itemsize + self.first.get(name, 0))
+        return total
 
 
 def pad_to_common_shape(parts: list[np.ndarray]) -> list[np.ndarray]:

@@ -85,6 +85,32 @@ def test_a_request_joins_a_padded_batch_only_while_the_padded_inputs_stay_within
     assert runs == [(5, 1000)]
 
 
+def test_the_bound_counts_the_strings_padding_copies():
+    """A 10 KB string padded over a 2,000-long sequence would be 2,000 copies of it: 20 MB from 10 KB of input.
+    (Small enough for asyncio.run, which on Python 3.11 writes out the test's main task, results and all.)"""
+    values = [np.array([[b"x" * 10_000]], object), np.array([[b"y"] * 2000], object)]
+    runs, results = batched(values, max_padded_batch_bytes=1_000_000, pad_variable_length_inputs=True)
+    assert runs == [(1, 1), (1, 2000)]
+    assert [r.shape for r in results] == [(1, 1), (1, 2000)]
+    runs, _ = batched(values, max_padded_batch_bytes=50_000_000, pad_variable_length_inputs=True)  # counted: 40 MB
+    assert runs == [(2, 2000)]
+
+
+def test_the_bound_counts_the_rows_an_allowed_batch_size_adds():
+    values = [np.ones((1, 8), np.float32), np.ones((1, 8), np.float32), np.ones((1, 7), np.float32)]
+    # 3 rows of 8 float32s are 96 bytes, run as 4 rows (128 bytes): over a bound of 100
+    runs, _ = batched(values, max_padded_batch_bytes=100, max_batch_size=4, allowed_batch_sizes=(4,),
+                      pad_variable_length_inputs=True)  # fmt: skip
+    assert runs == [(4, 8), (4, 7)]  # the two of length 8 (no padding: not bounded), then the short one alone
+
+
+def test_the_bound_never_splits_a_batch_that_needs_no_padding():
+    """Inputs of one length batch as they would without pad_variable_length_inputs, whatever their size."""
+    values = [np.ones((1, 8), np.float32)] * 4
+    assert batched(values, max_padded_batch_bytes=100, pad_variable_length_inputs=True)[0] == [(4, 8)]
+    assert batched(values, max_padded_batch_bytes=100)[0] == [(4, 8)]
+
+
 @pytest.mark.parametrize("shapes", [[(1, 3), (2, 3)], [(3,), (1,)]])
 def test_parts_already_at_the_common_shape_are_not_copied(shapes):
     parts = [np.zeros(shape, np.float32) for shape in shapes]
