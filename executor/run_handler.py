@@ -528,21 +528,22 @@ class RunHandler:
         if len(batch) == 1 and size == total:  # nothing to merge, pad or split: the caller's own run
             self._run_alone(first, executor, fetches, pin, started, held)
             return
-        feeds = {}
-        for name in first.feeds:
-            parts = [item.feeds[name] for item in batch]  # each has rows: zero-row requests never batch
-            if batching.pad_variable_length_inputs:
-                parts = pad_to_common_shape(parts)
-            if size > total:  # pad with copies of the last row, as TensorFlow Serving pads
-                parts.append(np.repeat(parts[-1][-1:], size - total, axis=0))
-            feeds[name] = parts[0] if len(parts) == 1 else np.concatenate(parts)
         try:
+            feeds = {}
+            for name in first.feeds:
+                parts = [item.feeds[name] for item in batch]  # each has rows: zero-row requests never batch
+                if batching.pad_variable_length_inputs:
+                    parts = pad_to_common_shape(parts)
+                if size > total:  # pad with copies of the last row, as TensorFlow Serving pads
+                    parts.append(np.repeat(parts[-1][-1:], size - total, axis=0))
+                feeds[name] = parts[0] if len(parts) == 1 else np.concatenate(parts)
             outputs = executor.run(feeds, fetches, (), "", pin)
             if any(o.ndim == 0 or o.shape[0] != size for o in outputs):
                 self._unbatchable.add(first.batch_key)  # later requests of this graph run on their own
                 raise _NotBatchable()
         except BaseException:
-            # Outputs without the batch dimension, or one caller's bad input that must not fail the others:
+            # Outputs without the batch dimension, one caller's bad input that must not fail the others, or no
+            # memory for the merged inputs (the worker must live on, or every queued caller would wait forever):
             # run each on its own.
             for item in batch:
                 self._run_alone(item, executor, fetches, pin, time.monotonic(), held)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from executor import run_handler
 from executor.run_handler import BatchingOptions, RunHandler, pad_to_common_shape
 from tests.executor.test_scheduling import _batched
 
@@ -115,3 +116,24 @@ def test_the_bound_never_splits_a_batch_that_needs_no_padding():
 def test_parts_already_at_the_common_shape_are_not_copied(shapes):
     parts = [np.zeros(shape, np.float32) for shape in shapes]
     assert all(a is b for a, b in zip(pad_to_common_shape(parts), parts, strict=True))
+
+
+def test_a_batch_whose_inputs_cannot_be_merged_runs_each_request_alone(monkeypatch):
+    """No memory for the padded batch: each caller is still answered (run on its own), and the worker lives on."""
+
+    def no_memory(parts):
+        raise MemoryError("padding")
+
+    monkeypatch.setattr(run_handler, "pad_to_common_shape", no_memory)
+    values = [np.array([[1, 2]], np.float32), np.array([[3, 4, 5]], np.float32)]
+    handler = RunHandler(1, batching=BatchingOptions(max_batch_size=8, pad_variable_length_inputs=True))
+    executor = Echo()
+    try:
+        results = [result[0] for result in _batched(handler, executor, values)]
+        later = _batched(handler, executor, [np.array([[6]], np.float32)])  # the worker still takes work
+    finally:
+        handler.close()
+    assert executor.runs == [(1, 2), (1, 3), (1, 1)]
+    for value, result in zip(values, results, strict=True):
+        np.testing.assert_array_equal(result, value)
+    assert later[0][0].tolist() == [[6]]
