@@ -199,6 +199,18 @@ def batching_options(settings: ServerSettings) -> BatchingOptions | None:
     return BatchingOptions()
 
 
+# BatchingParameters' fields that servex reads but does not apply, each one set logged with the reason.
+BATCHING_NO_EFFECT = {
+    "batch_timeout_micros": "a batch runs as soon as a run worker is free, never waiting to fill (batching adds no "
+    "latency at low load; under load batches form from what queued while the workers were busy)",
+    "num_batch_threads": "--num_run_workers sets the threads that run batches, for every model",
+    "max_enqueued_batches": "--max_queued_requests bounds each model's queue (and --max_queued_bytes its inputs)",
+    "thread_pool_name": "every model's runs share servex's one RunHandler",
+    "enable_large_batch_splitting": "a request of more rows than max_batch_size runs on its own, unsplit",
+    "max_execution_batch_size": "a request of more rows than max_batch_size runs on its own, unsplit",
+}
+
+
 def parse_batching_parameters(text: str, where: str) -> BatchingOptions:
     """BatchingParameters in text format (TensorFlow Serving's); InvalidArgument names ``where`` and the problem."""
     params = batching_pb2.BatchingParameters()
@@ -214,6 +226,9 @@ def parse_batching_parameters(text: str, where: str) -> BatchingOptions:
         raise InvalidArgument(
             f"{where}: allowed_batch_sizes {list(allowed)} must increase and end with max_batch_size {size}"
         )
+    for field, _value in params.ListFields():
+        if field.name in BATCHING_NO_EFFECT:
+            log.warning("%s: %s has no effect in servex: %s", where, field.name, BATCHING_NO_EFFECT[field.name])
     return BatchingOptions(max_batch_size=size, allowed_batch_sizes=allowed,
                            pad_variable_length_inputs=params.pad_variable_length_inputs)  # fmt: skip
 

@@ -78,6 +78,13 @@ max_execution_batch_size { value: 4 }
         options = parse_batching_parameters(text, "the file")
     assert options == BatchingOptions(max_batch_size=8, allowed_batch_sizes=(4, 8), pad_variable_length_inputs=True)
     assert "pad_variable_length_inputs" not in caplog.text  # applied, not refused
+    for field in ("batch_timeout_micros", "num_batch_threads", "max_enqueued_batches", "thread_pool_name",
+                  "enable_large_batch_splitting", "max_execution_batch_size"):  # fmt: skip
+        assert f"the file: {field} has no effect in servex: " in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="servex"):
+        parse_batching_parameters("max_batch_size { value: 8 }\nallowed_batch_sizes: 8\n", "the file")
+    assert caplog.text == ""  # what servex applies is not logged
     assert not parse_batching_parameters("pad_variable_length_inputs: false\n", "f").pad_variable_length_inputs
     assert not parse_batching_parameters("", "f").pad_variable_length_inputs
 
