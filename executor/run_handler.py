@@ -334,7 +334,8 @@ class RunHandler:
                 rows = item.rows
                 most = outbox.credit if paced else math.inf  # requests in the batch
                 batching = item.args[3]
-                padded = _PaddedBatch.of(item) if batching.pad_variable_length_inputs else None
+                bounded = batching.pad_variable_length_inputs and self.max_padded_batch_bytes
+                padded = _PaddedBatch.of(item) if bounded else None  # padding's byte bound: what the batch holds
                 for other in list(queue):
                     if len(batch) >= most:
                         break
@@ -367,10 +368,10 @@ class RunHandler:
 
     def _over_padded_bytes(self, padded: _PaddedBatch, batching: BatchingOptions, feeds: dict) -> bool:
         """Whether a batch padded as ``padded`` says (inputs like ``feeds``) would hold more than
-        ``max_padded_batch_bytes`` where padding makes it larger than its inputs are: padding one long input's
+        ``max_padded_batch_bytes`` (set) where padding makes it larger than its inputs are: padding one long input's
         length onto short ones must not make a batch no single request could be. A batch that needs no padding is
         bounded as without pad_variable_length_inputs: not at all."""
-        if not self.max_padded_batch_bytes or not padded.padded:
+        if not padded.padded:
             return False
         return padded.nbytes(feeds, batch_rows(batching, padded.rows)) > self.max_padded_batch_bytes
 
