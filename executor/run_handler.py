@@ -34,7 +34,6 @@ Scheduling (the ticket says priority, deadline, model and metric labels):
 from __future__ import annotations
 
 import asyncio
-import bisect
 import itertools
 import logging
 import math
@@ -42,12 +41,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 
 from executor.answers import Held, Outbox
+from executor.batching import BatchingOptions, PaddedBatch, batch_rows, pad_to_common_shape, string_bytes
 from executor.metrics import RunMetrics
 from loader.errors import ResourceExhausted, ServingError
 
@@ -63,16 +62,6 @@ CATCH_UP_ITERATIONS = 8
 
 class DeadlineExceeded(ServingError):
     code = "DEADLINE_EXCEEDED"
-
-
-@dataclass(frozen=True)
-class BatchingOptions:
-    """TensorFlow Serving's BatchingParameters, as servex applies them."""
-
-    max_batch_size: int = 32
-    allowed_batch_sizes: tuple[int, ...] = ()  # padded up to the next one; the last must be max_batch_size
-    # Inputs of one rank that differ beyond the 0th dimension batch together, padded (see pad_to_common_shape).
-    pad_variable_length_inputs: bool = False
 
 
 class Ticket(NamedTuple):
@@ -92,12 +81,7 @@ DEFAULT_TICKET = Ticket()
 
 def input_bytes(arrays) -> int:
     """What input arrays hold, for ``max_queued_bytes``: their buffers, and a string tensor's strings too."""
-    total = 0
-    for array in arrays:
-        total += array.nbytes
-        if array.dtype.kind == "O":
-            total += sum(map(len, array.flat))
-    return total
+    return sum([array.nbytes + string_bytes(array) for array in arrays])
 
 
 class _Item:
@@ -335,7 +319,7 @@ class RunHandler:
                 most = outbox.credit if paced else math.inf  # requests in the batch
                 batching = item.args[3]
                 bounded = batching.pad_variable_length_inputs and self.max_padded_batch_bytes
-                padded = _PaddedBatch.of(item) if bounded else None  # padding's byte bound: what the batch holds
+                padded = PaddedBatch.of(item) if bounded else None  # padding's byte bound: what the batch holds
                 for other in list(queue):
                     if len(batch) >= most:
                         break
@@ -366,7 +350,7 @@ class RunHandler:
                 outbox.probe_due = outbox.credit <= 0  # the worker sends it once the batch's answers are back
             return batch
 
-    def _over_padded_bytes(self, padded: _PaddedBatch, batching: BatchingOptions, feeds: dict) -> bool:
+    def _over_padded_bytes(self, padded: PaddedBatch, batching: BatchingOptions, feeds: dict) -> bool:
         """Whether a batch padded as ``padded`` says (inputs like ``feeds``) would hold more than
         ``max_padded_batch_bytes`` (set) where padding makes it larger than its inputs are: padding one long input's
         length onto short ones must not make a batch no single request could be. A batch that needs no padding is
@@ -584,69 +568,3 @@ class RunHandler:
 
 class _NotBatchable(Exception):
     pass
-
-
-def batch_rows(batching: BatchingOptions, rows: int) -> int:
-    """The rows a batch of ``rows`` rows runs at: the next allowed batch size, if any are set."""
-    allowed = batching.allowed_batch_sizes
-    return allowed[min(bisect.bisect_left(allowed, rows), len(allowed) - 1)] if allowed else rows
-
-
-def _strings(feeds: dict) -> int:
-    """The bytes of the strings in ``feeds``' string tensors."""
-    return sum(sum(map(len, value.flat)) for value in feeds.values() if value.dtype.kind == "O")
-
-
-def _first_len(value: np.ndarray) -> int:
-    """The bytes of a string tensor's first string (what pads it), 0 without one."""
-    return len(value.flat[0]) if value.size else 0
-
-
-class _PaddedBatch:
-    """A batch being formed with pad_variable_length_inputs: the shapes beyond the 0th dimension its inputs are
-    padded to, its rows, whether any input needs padding, and for string tensors the bytes of their strings and of
-    the longest first string (what padding copies), for the byte bound."""
-
-    __slots__ = ("dims", "rows", "padded", "strings", "first")
-
-    def __init__(self, dims: dict, rows: int, padded: bool, strings: int, first: dict):
-        self.dims, self.rows, self.padded, self.strings, self.first = dims, rows, padded, strings, first
-
-    @classmethod
-    def of(cls, item) -> _PaddedBatch:
-        """A batch of ``item`` (an _Item) alone."""
-        feeds = item.feeds
-        first = {name: _first_len(value) for name, value in feeds.items() if value.dtype.kind == "O"}
-        return cls({name: value.shape[1:] for name, value in feeds.items()}, item.rows, False, _strings(feeds), first)
-
-    def joined(self, other) -> _PaddedBatch:
-        """This batch with ``other`` (an _Item of the same batch key) in it."""
-        feeds = other.feeds
-        dims = {name: tuple(map(max, sizes, feeds[name].shape[1:])) for name, sizes in self.dims.items()}
-        padded = self.padded or dims != self.dims or any(feeds[name].shape[1:] != dims[name] for name in dims)
-        first = {name: max(size, _first_len(feeds[name])) for name, size in self.first.items()}
-        return _PaddedBatch(dims, self.rows + other.rows, padded, self.strings + _strings(feeds), first)
-
-    def nbytes(self, feeds: dict, rows: int) -> int:
-        """At most what the padded inputs hold at ``rows`` rows (``feeds``: a member's, for the dtypes): each
-        element's own bytes, and for strings their own contents plus, per element, the longest first string."""
-        total = self.strings
-        for name, value in feeds.items():
-            total += rows * math.prod(self.dims[name]) * (value.dtype.itemsize + self.first.get(name, 0))
-        return total
-
-
-def pad_to_common_shape(parts: list[np.ndarray]) -> list[np.ndarray]:
-    """``parts`` (arrays of one rank, each with elements) padded at the end of every dimension but the 0th to the
-    largest size among them, each with its own first element: TensorFlow Serving's pad_variable_length_inputs
-    (batching_util.cc pads with ``input.flat<T>()(0)``). Parts already at that shape are returned as they are."""
-    target = tuple(max(sizes) for sizes in zip(*[p.shape[1:] for p in parts], strict=True))
-    out = []
-    for part in parts:
-        if part.shape[1:] == target:
-            out.append(part)
-            continue
-        padded = np.full((part.shape[0], *target), part.flat[0], dtype=part.dtype)
-        padded[tuple([slice(0, n) for n in part.shape])] = part
-        out.append(padded)
-    return out

@@ -10,5 +10,6 @@ server/kserve.py, server/rest_*.py) are thin: they decode tensors (server/tensor
 shared memory regions in server/shared_memory.py; Triton's log and trace settings in server/v2_settings.py) and
 call the one ServingCore (server/core.py), which hands runs to `executor/`. server/warmup.py replays a version's
 warm-up records through that core before it serves. server/v2_config.py answers Triton's ModelConfig and checks
-a Triton repository's config.pbtxt against its SavedModel.
+a Triton repository's config.pbtxt against its SavedModel; server/batching_config.py reads TensorFlow Serving's
+BatchingParameters files.
 """

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from executor import run_handler
-from executor.run_handler import BatchingOptions, RunHandler, pad_to_common_shape
+from executor.batching import BatchingOptions, pad_to_common_shape
+from executor.run_handler import RunHandler
 from tests.executor.test_scheduling import _batched
 
 

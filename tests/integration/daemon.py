@@ -146,3 +146,14 @@ def metric(daemon: Daemon, name: str, **labels: str) -> float:
         for sample in family.samples
         if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
     )
+
+
+def wait_for(condition, timeout=30.0, what="condition"):
+    """``condition()``'s first truthy value, asked every 0.05 s; AssertionError naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")

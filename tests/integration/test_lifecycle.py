@@ -26,7 +26,7 @@ from tensorflow_serving.apis import (
 from tensorflow_serving.config import model_server_config_pb2
 
 from tests.conftest import BAD_HALF_PLUS_TWO, EXPECTED, HALF_PLUS_TWO_TF1, TESTDATA
-from tests.integration.daemon import Daemon, metric, model_config_file, run_to_exit
+from tests.integration.daemon import Daemon, metric, model_config_file, run_to_exit, wait_for
 
 TWO_VERSIONS = TESTDATA / "saved_model_half_plus_two_2_versions"
 HALF_PLUS_THREE = TESTDATA / "saved_model_half_plus_three"
@@ -58,16 +58,6 @@ def status(channel, model, *, version=None, label=""):
 
 def y(reply) -> list[float]:
     return tf.make_ndarray(reply.outputs["y"]).ravel().tolist()
-
-
-def wait_for(condition, timeout=30.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 POLICY_CONFIG = f"""

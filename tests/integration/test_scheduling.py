@@ -12,16 +12,22 @@ import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 from tests.conftest import EXPECTED, HALF_PLUS_TWO_TF1
-from tests.integration.daemon import metric
+from tests.integration.daemon import metric, wait_for
 
 
-def predict(channel, model, alias, value, *, timeout=30, priority=None):
+def predict_outputs(channel, model, alias, value, *, timeout=30, priority=None, signature=""):
+    """Every output of a Predict call, by alias."""
     req = predict_pb2.PredictRequest()
-    req.model_spec.name = model
+    req.model_spec.name, req.model_spec.signature_name = model, signature
     req.inputs[alias].CopyFrom(tf.make_tensor_proto(value))
     metadata = (("x-servex-priority", str(priority)),) if priority is not None else None
     reply = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(req, timeout=timeout, metadata=metadata)
-    return tf.make_ndarray(next(iter(reply.outputs.values())))
+    return {name: tf.make_ndarray(tensor) for name, tensor in reply.outputs.items()}
+
+
+def predict(channel, model, alias, value, **kwargs):
+    """The (first) output of a Predict call."""
+    return next(iter(predict_outputs(channel, model, alias, value, **kwargs).values()))
 
 
 def test_batched_callers_each_get_their_own_rows(start_daemon):
@@ -249,21 +255,8 @@ def test_pad_variable_length_inputs_batches_callers_of_other_lengths(start_daemo
     daemon = start_daemon(f"--model_base_path={sequences_model}", "--model_name=seq", "--num_run_workers=1",
                           f"--batching_parameters_file={params}", "--max_message_bytes=8192")  # fmt: skip
 
-    def call(signature, alias, value):
-        req = predict_pb2.PredictRequest()
-        req.model_spec.name, req.model_spec.signature_name = "seq", signature
-        req.inputs[alias].CopyFrom(tf.make_tensor_proto(value))
-        channel = grpc.insecure_channel(daemon.address)
-        try:
-            reply = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(req, timeout=60)
-            return {name: tf.make_ndarray(tensor) for name, tensor in reply.outputs.items()}
-        finally:
-            channel.close()
-
-    def until(condition):
-        deadline = time.monotonic() + 30
-        while not condition() and time.monotonic() < deadline:
-            time.sleep(0.02)
+    def call(signature, alias, value):  # from its own thread: the channel is shared
+        return predict_outputs(daemon.channel, "seq", alias, value, timeout=60, signature=signature)
 
     long = np.arange(1, 601, dtype=np.float32)[None]  # 2,400 bytes; padded with the 4 rows below: 12,000
     sequences = [np.array([[1, 2]], np.float32), np.array([[3, 4, 5, 6], [7, 8, 9, 10]], np.float32),
@@ -275,12 +268,13 @@ def test_pad_variable_length_inputs_batches_callers_of_other_lengths(start_daemo
 
     holder = threading.Thread(target=call, args=("hold", "iterations", np.array(1_200_000, np.int64)))
     holder.start()
-    until(lambda: metric(daemon, "servex_queue_wait_seconds_count", model="seq", signature="hold") == 1)  # running
+    wait_for(lambda: metric(daemon, "servex_queue_wait_seconds_count", model="seq", signature="hold") == 1,
+             what="the long run to start")  # fmt: skip
     callers = []
     for i in range(len(sequences)):  # one at a time, so that they queue in this order
         callers.append(threading.Thread(target=caller, args=(i,)))
         callers[-1].start()
-        until(lambda i=i: metric(daemon, "servex_queue_depth", model="seq") == i + 1)
+        wait_for(lambda i=i: metric(daemon, "servex_queue_depth", model="seq") == i + 1, what=f"caller {i} queued")
     assert holder.is_alive(), "the long run ended before the callers queued behind it"
     for t in (holder, *callers):
         t.join(60)

@@ -280,7 +280,8 @@ def platform_config(tmp_path, legacy_config: str, platform: str = "tensorflow", 
 
 
 def test_platform_config_file_replaces_the_session_bundle_flags_as_in_tensorflow_serving(tmp_path):
-    from server.app import batching_options, session_config
+    from server.app import session_config
+    from server.batching_config import batching_options
 
     path = platform_config(
         tmp_path,
@@ -323,7 +324,7 @@ def test_the_platform_config_s_tags_are_taken_as_written_and_replaced_flags_not_
 def test_a_platform_config_without_batching_or_warmup_turns_both_off(tmp_path):
     """As in TensorFlow Serving: batching only with batching_parameters (even empty), warm-up only with
     enable_model_warmup, tags "serve" where none are named; pools left at 0 take servex's defaults."""
-    from server.app import batching_options
+    from server.batching_config import batching_options
 
     d = ServerSettings()
     settings = parse_settings([f"--platform_config_file={platform_config(tmp_path, '')}", "--enable_batching"]).settings
@@ -399,7 +400,7 @@ def test_a_platform_config_that_cannot_be_used_is_refused_naming_what_and_why(tm
 
 def test_bad_batching_parameters_in_a_platform_config_fail_the_start_naming_the_file(tmp_path):
     from loader.errors import InvalidArgument
-    from server.app import batching_options
+    from server.batching_config import batching_options
 
     path = platform_config(tmp_path, "batching_parameters { max_batch_size { value: 4 } allowed_batch_sizes: 8 }")
     settings = parse_settings([f"--platform_config_file={path}"]).settings
