@@ -116,13 +116,13 @@ def wide_deep(path: str, rows=WIDE_DEEP_ROWS, dim=64, dense=13) -> None:
     module.wide = tf.Variable(tf.random.normal((dense, 1), stddev=0.1, seed=2), name="wide")
     sizes = [dense + dim, 256, 128, 1]
     module.ws = [tf.Variable(tf.random.normal((a, b), stddev=(2 / a) ** 0.5, seed=3 + i), name=f"w{i}")
-                 for i, (a, b) in enumerate(zip(sizes, sizes[1:]))]  # fmt: skip
+                 for i, (a, b) in enumerate(zip(sizes, sizes[1:], strict=False))]  # fmt: skip
     module.bs = [tf.Variable(tf.zeros((b,)), name=f"b{i}") for i, b in enumerate(sizes[1:])]
 
     def logit(dense_features, ids):
         embedded = tf.reduce_mean(tf.nn.embedding_lookup(module.table, ids % rows), axis=1)
         h = tf.concat([dense_features, embedded], axis=1)
-        for i, (w, b) in enumerate(zip(module.ws, module.bs)):
+        for i, (w, b) in enumerate(zip(module.ws, module.bs, strict=True)):
             h = tf.matmul(h, w) + b
             if i < len(module.ws) - 1:
                 h = tf.nn.relu(h)
@@ -156,7 +156,9 @@ def wide_deep(path: str, rows=WIDE_DEEP_ROWS, dim=64, dense=13) -> None:
 
 def mlp(path: str) -> None:
     out = Path(path).parents[1]
-    subprocess.run([sys.executable, str(KIT / "make_models.py"), str(out), "mlp"], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, str(KIT / "make_models.py"), str(out), "mlp"], check=True, stdout=subprocess.DEVNULL
+    )
 
 
 def export(out: Path, names=tuple(SUITE)) -> dict[str, Path]:
