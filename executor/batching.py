@@ -19,6 +19,10 @@ class BatchingOptions:
     allowed_batch_sizes: tuple[int, ...] = ()  # padded up to the next one; the last must be max_batch_size
     # Inputs of one rank that differ beyond the 0th dimension batch together, padded (see pad_to_common_shape).
     pad_variable_length_inputs: bool = False
+    # servex's automatic batching (no BatchingParameters given): the RunHandler learns each client graph's cost and
+    # picks its batch limit and concurrency (executor/cost_model.py), after checking on its first batch that
+    # batching does not change its answers; max_batch_size is then the largest batch it may pick.
+    auto: bool = False
 
 
 def batch_rows(batching: BatchingOptions, rows: int) -> int:

@@ -161,3 +161,49 @@ class RunMetrics:
 
     def rejected(self) -> None:
         self._rejected.inc()
+
+
+# Automatic batching's choices per client graph (executor/cost_model.py), labelled as the run metrics are but for
+# the priority; the signature label is the graph name for runs by tensor names.
+SCHEDULER_LABELS = ["model", "version", "signature"]
+SCHEDULER_BATCH_LIMIT = Gauge(
+    "servex_scheduler_batch_limit",
+    "Rows the scheduler lets one batch of a client graph take (automatic batching)",
+    SCHEDULER_LABELS,
+    multiprocess_mode="livemax",
+)
+SCHEDULER_CONCURRENCY = Gauge(
+    "servex_scheduler_concurrency",
+    "Runs of a client graph the scheduler lets go at once (automatic batching)",
+    SCHEDULER_LABELS,
+    multiprocess_mode="livemax",
+)
+SCHEDULER_COMPUTE_BOUND = Gauge(
+    "servex_scheduler_compute_bound",
+    "1 where the scheduler found that a client graph's run, not the call, is the cost (automatic batching)",
+    SCHEDULER_LABELS,
+    multiprocess_mode="livemax",
+)
+SCHEDULER_THREADS = Gauge(
+    "servex_scheduler_intra_op_threads",
+    "TensorFlow intra-op threads each run may use (one pool for the process: the cores servex may use, unless set)",
+    multiprocess_mode="livemax",
+)
+_SCHEDULER_GAUGES = (SCHEDULER_BATCH_LIMIT, SCHEDULER_CONCURRENCY, SCHEDULER_COMPUTE_BOUND)
+
+
+def show_choice(labels: tuple[str, str, str], choice) -> None:
+    """Show a client graph's scheduler choice (a cost_model.Choice) in the gauges."""
+    SCHEDULER_BATCH_LIMIT.labels(*labels).set(choice.batch_limit)
+    SCHEDULER_CONCURRENCY.labels(*labels).set(choice.concurrency)
+    SCHEDULER_COMPUTE_BOUND.labels(*labels).set(1 if choice.compute_bound else 0)
+
+
+def forget_choices(labels: set[tuple[str, str, str]]) -> None:
+    """Drop the scheduler gauges of client graphs whose model version was unloaded."""
+    for gauge in _SCHEDULER_GAUGES:
+        for label in labels:
+            try:
+                gauge.remove(*label)
+            except KeyError:
+                pass

@@ -39,6 +39,7 @@ import logging
 import math
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
@@ -47,7 +48,8 @@ import numpy as np
 
 from executor.answers import Held, Outbox
 from executor.batching import BatchingOptions, PaddedBatch, batch_rows, pad_to_common_shape, string_bytes
-from executor.metrics import RunMetrics
+from executor.cost_model import VERIFY_REQUESTS, GraphCost, answers_agree
+from executor.metrics import SCHEDULER_THREADS, RunMetrics, forget_choices, show_choice
 from loader.errors import ResourceExhausted, ServingError
 
 log = logging.getLogger(__name__)
@@ -88,9 +90,13 @@ class _Item:
     """One queued request: its work, where its answer goes, and (batchable runs) the GraphExecutor-like object,
     feeds by tensor name and row count, grouped by ``batch_key``."""
 
-    __slots__ = ("outbox", "future", "fn", "args", "ticket", "seq", "enqueued", "batch_key", "feeds", "rows", "nbytes")
+    __slots__ = (
+        "outbox", "future", "fn", "args", "ticket", "seq", "enqueued", "batch_key", "feeds", "rows", "nbytes", "cost"
+    )  # fmt: skip
 
-    def __init__(self, outbox, future, fn, args, ticket, seq, enqueued, batch_key=None, feeds=None, rows=0, nbytes=0):
+    def __init__(
+        self, outbox, future, fn, args, ticket, seq, enqueued, batch_key=None, feeds=None, rows=0, nbytes=0, cost=None
+    ):
         self.outbox: Outbox = outbox
         self.future: asyncio.Future = future
         self.fn: Callable = fn
@@ -102,6 +108,7 @@ class _Item:
         self.feeds: dict = feeds if feeds is not None else {}
         self.rows: int = rows
         self.nbytes: int = nbytes  # its input tensors' bytes, counted against max_queued_bytes
+        self.cost: GraphCost | None = cost  # automatic batching: what is learned of its client graph
 
 
 class RunHandler:
@@ -117,6 +124,7 @@ class RunHandler:
         lower_priority_burst: int = 0,
         pace_timeout: float = 0.1,
         max_padded_batch_bytes: int = 0,
+        intra_op_threads: int = 1,
     ):
         if num_workers < 1:
             raise ValueError(f"num_workers must be at least 1, got {num_workers}")
@@ -128,6 +136,12 @@ class RunHandler:
         # With pad_variable_length_inputs, a request joins a batch only while the batch's padded inputs stay within
         # this many bytes (0: no bound); the server passes its message size limit.
         self.max_padded_batch_bytes = max_padded_batch_bytes
+        # Automatic batching: each executor's GraphCosts by (feeds, fetches, pin), gone with the executor (and their
+        # gauges with them). ``intra_op_threads``: TensorFlow's intra-op pool, which every run may use.
+        self._costs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self.intra_op_threads = intra_op_threads
+        SCHEDULER_THREADS.set(intra_op_threads)
+        self.num_workers = num_workers
         self.hold_seconds = hold_seconds
         # Pacing (0: off): lower-priority requests started per catch-up of the event loop; a probe that has not
         # come back after pace_timeout seconds (a stalled loop) counts as back, so the queue never stops.
@@ -192,17 +206,47 @@ class RunHandler:
         if key in self._unbatchable:
             return self._enqueue(executor.run, (feeds, fetches, (), "", pin), ticket, None, {}, 0, nbytes)
         item_args = (executor, fetches, pin, batching)
-        return self._enqueue(executor.run, item_args, ticket, key, feeds, rows, nbytes)
+        cost = self._cost_for(executor, key, batching, ticket) if batching.auto else None
+        if cost is not None and cost.verified is False:  # it mixes rows: never batched (it keeps its choice)
+            item_args, key = (feeds, fetches, (), "", pin), None
+        return self._enqueue(executor.run, item_args, ticket, key, feeds, rows, nbytes, cost)
 
-    def _enqueue(self, fn, args, ticket: Ticket, batch_key, feeds, rows: int, nbytes: int) -> asyncio.Future:
+    def _cost_for(self, executor, key: tuple, batching: BatchingOptions, ticket: Ticket) -> GraphCost:
+        """The GraphCost of ``executor``'s client graph that ``key`` (a batch key) runs, made on first use."""
+        costs = self._costs.get(executor)
+        if costs is None:
+            costs = self._costs.setdefault(executor, {})
+            shown: set[tuple[str, str, str]] = set()
+            weakref.finalize(executor, forget_choices, shown)  # the version unloaded: its gauges go
+            costs[None] = shown
+        graph = key[1:4]  # feeds, fetches, pin: one client graph whatever its inputs' shapes
+        cost = costs.get(graph)
+        if cost is None:
+            model, version, signature = labels = ticket.labels
+            name = f"{signature or ','.join(key[1])!r} of model {model!r} version {version}"
+            costs[None].add(labels)
+            cost = GraphCost(
+                batching.max_batch_size,
+                self.num_workers,
+                self.intra_op_threads,
+                name,
+                lambda choice: show_choice(labels, choice),
+            )
+            cost = costs.setdefault(graph, cost)
+            show_choice(labels, cost.choice)
+        return cost
+
+    def _enqueue(self, fn, args, ticket: Ticket, batch_key, feeds, rows: int, nbytes: int, cost=None) -> asyncio.Future:
         try:
-            return self._enqueue_or_raise(fn, args, ticket, batch_key, feeds, rows, nbytes)
+            return self._enqueue_or_raise(fn, args, ticket, batch_key, feeds, rows, nbytes, cost)
         except BaseException:
             if ticket.done is not None:
                 ticket.done()
             raise
 
-    def _enqueue_or_raise(self, fn, args, ticket: Ticket, batch_key, feeds, rows: int, nbytes: int) -> asyncio.Future:
+    def _enqueue_or_raise(
+        self, fn, args, ticket: Ticket, batch_key, feeds, rows: int, nbytes: int, cost
+    ) -> asyncio.Future:
         loop = asyncio.get_running_loop()
         outbox = self._outboxes.get(loop)
         if outbox is None:
@@ -243,7 +287,7 @@ class RunHandler:
             if ticket.priority != self._last_priority:
                 self._last_priority = ticket.priority
                 self._mixed_until = now + MIXED_PRIORITY_SECONDS
-            item = _Item(outbox, future, fn, args, ticket, next(self._seq), now, batch_key, feeds, rows, nbytes)
+            item = _Item(outbox, future, fn, args, ticket, next(self._seq), now, batch_key, feeds, rows, nbytes, cost)
             level = self._levels.get(ticket.priority)
             if level is None:
                 level = self._levels[ticket.priority] = deque()
@@ -293,6 +337,15 @@ class RunHandler:
                 continue
             queue = self._levels[level]
             item = queue[0]
+            if _saturated(item):  # its client graph runs as many times at once as it may: other work goes first
+                found = self._first_runnable(levels, now)
+                if found is None:
+                    if not wait:
+                        return None
+                    self._wait()
+                    continue
+                level, item = found
+                queue = self._levels[level]
             outbox = item.outbox
             paced = self._paced(level, now)
             if paced and outbox.credit <= 0:
@@ -311,13 +364,19 @@ class RunHandler:
                 else:
                     self._catch_up(outbox, now)
                     continue
-            queue.popleft()
+            if queue[0] is item:
+                queue.popleft()
+            else:
+                queue.remove(item)
             self._dequeued(item)
             batch = [item]
+            if item.cost is not None:
+                item.cost.running += 1  # until its run is over (_work)
             if item.batch_key is not None:
                 rows = item.rows
                 most = outbox.credit if paced else math.inf  # requests in the batch
                 batching = item.args[3]
+                limit = item.cost.batch_limit() if item.cost is not None else batching.max_batch_size
                 bounded = batching.pad_variable_length_inputs and self.max_padded_batch_bytes
                 padded = PaddedBatch.of(item) if bounded else None  # padding's byte bound: what the batch holds
                 for other in list(queue):
@@ -325,7 +384,7 @@ class RunHandler:
                         break
                     if (
                         other.batch_key == item.batch_key
-                        and rows + other.rows <= batching.max_batch_size
+                        and rows + other.rows <= limit
                         and (not paced or other.outbox is outbox)  # credit is the loop's own
                     ):
                         expired = other.ticket.deadline is not None and now > other.ticket.deadline
@@ -349,6 +408,15 @@ class RunHandler:
                 outbox.credit -= len(batch)
                 outbox.probe_due = outbox.credit <= 0  # the worker sends it once the batch's answers are back
             return batch
+
+    def _first_runnable(self, levels: list[int], now: float) -> tuple[int, _Item] | None:
+        """The first queued request, levels in score order, whose client graph may run once more now (the lock is
+        held): what a worker takes while the best level's first request waits for a run of its graph to end."""
+        for level in sorted(levels, key=self._score(now), reverse=True):
+            for item in self._levels[level]:
+                if not _saturated(item):
+                    return level, item
+        return None
 
     def _over_padded_bytes(self, padded: PaddedBatch, batching: BatchingOptions, feeds: dict) -> bool:
         """Whether a batch padded as ``padded`` says (inputs like ``feeds``) would hold more than
@@ -499,6 +567,12 @@ class RunHandler:
                 self._finished(item)
             else:
                 self._run_batch(batch, started, held)
+            cost = batch[0].cost
+            if cost is not None:
+                with self._mutex:
+                    cost.running -= 1
+                    if self._waiting:  # one may wait for this graph's run to end
+                        self._cond.notify()
             kind.last_run = time.monotonic() - started
             held.after(started, mixed=started < self._mixed_until)
             if not held.results:
@@ -510,8 +584,11 @@ class RunHandler:
         rows = [item.rows for item in batch]
         total = sum(rows)
         size = batch_rows(batching, total)
-        if len(batch) == 1 and size == total:  # nothing to merge, pad or split: the caller's own run
-            self._run_alone(first, executor, fetches, pin, started, held)
+        cost = first.cost
+        unbatched = first.batch_key in self._unbatchable or (cost is not None and cost.verified is False)
+        if len(batch) == 1 and size == total or unbatched:  # nothing to merge, pad or split: each its own run
+            for item in batch:
+                self._run_alone(item, executor, fetches, pin, started, held)
             return
         try:
             feeds = {}
@@ -523,17 +600,26 @@ class RunHandler:
                     parts.append(np.repeat(parts[-1][-1:], size - total, axis=0))
                 feeds[name] = parts[0] if len(parts) == 1 else np.concatenate(parts)
             outputs = executor.run(feeds, fetches, (), "", pin)
+            seconds = time.monotonic() - started
             if any(o.ndim == 0 or o.shape[0] != size for o in outputs):
                 self._unbatchable.add(first.batch_key)  # later requests of this graph run on their own
                 raise _NotBatchable()
-        except BaseException:
+            if cost is not None and cost.verified is None:
+                self._verify(batch, outputs, executor, fetches, pin)
+        except BaseException as e:
             # Outputs without the batch dimension, one caller's bad input that must not fail the others, or no
             # memory for the merged inputs (the worker must live on, or every queued caller would wait forever):
             # run each on its own.
-            for item in batch:
-                self._run_alone(item, executor, fetches, pin, time.monotonic(), held)
+            alone = [self._run_alone(item, executor, fetches, pin, time.monotonic(), held) for item in batch]
+            if cost is not None and isinstance(e, ServingError) and all(alone):
+                # Every request runs alone, and TensorFlow refused them merged (a graph with a fixed batch size):
+                # automatic batching leaves this graph.
+                log.info("client graph %s runs unbatched: it refused a batch its requests run alone in (%s)",
+                         cost.name, e)  # fmt: skip
+                cost.verified = False
             return
-        seconds = time.monotonic() - started
+        if cost is not None:
+            cost.observe(total, seconds)
         self._metrics_for(first.ticket).stats.ran(len(batch), total, seconds)  # one graph: one model version
         offset = 0
         for item, n in zip(batch, rows, strict=True):
@@ -544,18 +630,42 @@ class RunHandler:
             self._finished(item)
             offset += n
 
-    def _run_alone(self, item: _Item, executor, fetches, pin, started: float, held: Held) -> None:
+    def _verify(self, batch: list[_Item], outputs: list[np.ndarray], executor, fetches, pin) -> None:
+        """Automatic batching's check, on a client graph's first batch: its first requests run alone too, and must
+        get the rows the batch gave them (within rounding); else the graph mixes rows (a softmax or mean over the
+        batch, a random op) and never batches again: _NotBatchable."""
+        cost = batch[0].cost
+        offset = 0
+        for item in batch[:VERIFY_REQUESTS]:
+            started = time.monotonic()
+            alone = executor.run(item.feeds, fetches, (), "", pin)
+            cost.observe(item.rows, time.monotonic() - started)
+            if not answers_agree([o[offset : offset + item.rows] for o in outputs], alone):
+                log.warning(
+                    "client graph %s runs unbatched: batched, its answers differ from the same requests run one by "
+                    "one (its rows depend on each other, or it is not deterministic)", cost.name
+                )  # fmt: skip
+                cost.verified = False
+                raise _NotBatchable()
+            offset += item.rows
+        cost.verified = True
+
+    def _run_alone(self, item: _Item, executor, fetches, pin, started: float, held: Held) -> bool:
+        """Run ``item`` on its own and hand its answer back; whether it ran without an error."""
         try:
             result, ok = executor.run(item.feeds, fetches, (), "", pin), True
         except BaseException as e:
             result, ok = e, False
         seconds = time.monotonic() - started
+        if ok and item.cost is not None:
+            item.cost.observe(item.rows, seconds)
         metrics = self._metrics_for(item.ticket)
         metrics.run_seconds.observe(seconds)
         metrics.stats.ran(1, item.rows, seconds)
         metrics.batch_size.observe(1)
         held.add(item.outbox, item.future, ok, result)
         self._finished(item)
+        return ok
 
     def close(self) -> None:
         """Let queued work finish, then stop the workers; later submits raise RuntimeError."""
@@ -568,3 +678,9 @@ class RunHandler:
 
 class _NotBatchable(Exception):
     pass
+
+
+def _saturated(item: _Item) -> bool:
+    """Whether ``item``'s client graph already runs as many times at once as the scheduler lets it."""
+    cost = item.cost
+    return cost is not None and cost.running >= cost.choice.concurrency

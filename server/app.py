@@ -37,6 +37,7 @@ from server.admin import BearerTokenInterceptor, VariableService
 from server.affinity import LoopPin
 from server.batching_config import batching_options, per_model_batching
 from server.core import ServingCore
+from server.cores import usable_cores
 from server.graph_service import GraphExecutorService
 from server.listeners import ListenerGroup, refuse_if_served
 from server.metrics import model_load, register_triton_names, start_metrics_server, watch_loop_lag
@@ -54,12 +55,30 @@ def session_config(settings: ServerSettings) -> tf.compat.v1.ConfigProto:
     """Every version's session config: --tensorflow_session_config_file's ConfigProto (if any), with the thread
     pools and GPU memory share of the settings over it, and soft placement on."""
     config = tf.compat.v1.ConfigProto.FromString(settings.tensorflow_session_config)  # empty: the defaults
-    config.intra_op_parallelism_threads = settings.tensorflow_intra_op_parallelism
-    config.inter_op_parallelism_threads = settings.tensorflow_inter_op_parallelism
+    config.intra_op_parallelism_threads = thread_pool_size(settings.tensorflow_intra_op_parallelism)
+    config.inter_op_parallelism_threads = thread_pool_size(settings.tensorflow_inter_op_parallelism)
     config.allow_soft_placement = True
     if settings.per_process_gpu_memory_fraction:
         config.gpu_options.per_process_gpu_memory_fraction = settings.per_process_gpu_memory_fraction
     return config
+
+
+def thread_pool_size(setting: int) -> int:
+    """A TensorFlow thread pool's size: the setting, or for 0 the cores servex may use (TensorFlow's own 0 counts
+    the CPU affinity but not a cgroup's quota)."""
+    return setting or usable_cores()
+
+
+def size_thread_pools(settings: ServerSettings) -> int:
+    """Size TensorFlow's process-wide thread pools before anything uses them (the first session or eager context
+    fixes the intra-op pool for the process); returns the intra-op threads."""
+    intra = thread_pool_size(settings.tensorflow_intra_op_parallelism)
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(intra)
+        tf.config.threading.set_inter_op_parallelism_threads(thread_pool_size(settings.tensorflow_inter_op_parallelism))
+    except RuntimeError:  # TensorFlow's context already started (in-process tests): sessions still ask for these
+        pass
+    return intra
 
 
 def make_manager(settings: ServerSettings, warmup: Warmup | None = None) -> ModelManager[GraphExecutor]:
@@ -366,8 +385,10 @@ async def serve(settings: ServerSettings) -> int:
     except (OSError, InvalidArgument) as e:
         log.error("%s", e)
         return 1
+    intra_op_threads = size_thread_pools(settings)
     run_handler = RunHandler(
         settings.num_run_workers,
+        intra_op_threads=intra_op_threads,
         max_queued_per_model=settings.max_queued_requests,
         max_queued_bytes=settings.max_queued_bytes,
         aging_seconds=settings.priority_aging_ms / 1000,

@@ -19,9 +19,11 @@ log = logging.getLogger("servex")
 
 def batching_options(settings: ServerSettings) -> BatchingOptions | None:
     """The server's batching settings, from TensorFlow Serving's BatchingParameters file or platform config file
-    when one is given."""
+    when one is given; servex's automatic batching when batching is not asked for (and not turned off)."""
     if not settings.enable_batching:
-        return None
+        return (
+            BatchingOptions(max_batch_size=settings.auto_max_batch_size, auto=True) if settings.auto_batching else None
+        )
     path = settings.batching_parameters_file
     if path:
         return parse_batching_parameters(Path(path).read_text(encoding="utf-8"), f"batching parameters file {path!r}")

@@ -164,8 +164,17 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bool(
         p,
         "--enable_batching",
-        default=d.enable_batching,
-        help="merge concurrent compatible requests of one client graph into one run (never waits to fill a batch)",
+        default=None,
+        help="TensorFlow Serving's batching: merge concurrent compatible requests of one client graph into one run "
+        "of at most the BatchingParameters' max_batch_size rows (never waits to fill a batch). Not given: servex's "
+        "automatic batching, which learns each graph's cost and picks its batch size and concurrency; "
+        "--enable_batching=false: no batching at all",
+    )
+    p.add_argument(
+        "--auto_max_batch_size",
+        type=int,
+        default=d.auto_max_batch_size,
+        help="automatic batching: the largest batch it may pick, in rows",
     )
     p.add_argument(
         "--batching_parameters_file",
@@ -234,15 +243,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--tensorflow_intra_op_parallelism",
         type=int,
         default=None,
-        help=f"TensorFlow intra-op threads (default: {d.tensorflow_intra_op_parallelism}); 1 runs each op on the "
-        "run worker (parallelism comes from the workers), 0: TensorFlow decides (one per core: better for one large "
-        "request at a time)",
+        help="TensorFlow intra-op threads, one pool for the process (default 0: one per core servex may use, by "
+        "its CPU affinity and cgroup quota); 1 runs each op on the run worker alone",
     )
     p.add_argument(
         "--tensorflow_inter_op_parallelism",
         type=int,
         default=None,
-        help=f"TensorFlow inter-op threads (default: {d.tensorflow_inter_op_parallelism}; 0: TensorFlow decides)",
+        help="TensorFlow inter-op threads (default 0: one per core servex may use)",
     )
     p.add_argument(
         "--tensorflow_session_parallelism",
@@ -416,6 +424,8 @@ def parse_settings(argv: list[str] | None = None) -> Parsed:
         build_parser().error(
             f"--num_request_iterations_for_warmup must be at least 1, got {args.num_request_iterations_for_warmup}"
         )
+    if args.auto_max_batch_size < 1:
+        build_parser().error(f"--auto_max_batch_size must be at least 1, got {args.auto_max_batch_size}")
     if args.serving_processes < 1:
         build_parser().error(f"--serving_processes must be at least 1, got {args.serving_processes}")
     if args.serving_processes > 1 and admin_port:
@@ -522,7 +532,9 @@ def parse_settings(argv: list[str] | None = None) -> Parsed:
         max_num_load_retries=args.max_num_load_retries,
         load_retry_interval_micros=args.load_retry_interval_micros,
         max_message_bytes=args.max_message_bytes,
-        enable_batching=args.enable_batching or bool(args.batching_parameters_file),
+        enable_batching=bool(args.enable_batching) or bool(args.batching_parameters_file),
+        auto_batching=args.enable_batching is None and not args.batching_parameters_file,
+        auto_max_batch_size=args.auto_max_batch_size,
         batching_parameters_file=args.batching_parameters_file,
         batching_parameters=platform.batching_parameters if platform is not None else "",
         platform_config_file=args.platform_config_file,

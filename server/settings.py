@@ -6,9 +6,10 @@ directly.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from importlib import resources
+
+from server.cores import usable_cores
 
 DEMO_MODEL_NAME = "demo"
 
@@ -108,8 +109,16 @@ class ServerSettings:
     admin_bind_address: str = "127.0.0.1"
     # File holding the bearer token admin calls must send (authorization: Bearer <token>).
     admin_token_file: str = ""
-    # Merge concurrent compatible requests of a client graph into one run (TensorFlow Serving's flag).
+    # Merge concurrent compatible requests of a client graph into one run with TensorFlow Serving's
+    # BatchingParameters (TensorFlow Serving's flag): a fixed largest batch, for every graph.
     enable_batching: bool = False
+    # Without enable_batching: servex's automatic batching. The RunHandler learns each client graph's run time per
+    # batch size while serving and picks its largest batch (the knee of the measured curve, at most
+    # auto_max_batch_size rows) and how many of its runs go at once (one for a compute-bound graph, which gets every
+    # core; one per run worker where the call is the cost); a graph batches only once its first batch answered as
+    # its requests do run alone. executor/cost_model.py says how. --enable_batching=false turns it off.
+    auto_batching: bool = True
+    auto_max_batch_size: int = 32
     # TensorFlow Serving BatchingParameters in text format (max_batch_size, allowed_batch_sizes, ...).
     batching_parameters_file: str = ""
     # The same, as text, where no file gives them: the batching_parameters of platform_config_file (empty: the
@@ -144,15 +153,16 @@ class ServerSettings:
     # or of its inputs read from shared memory), and largest REST request body (on the wire and decompressed), in
     # bytes.
     max_message_bytes: int = 256 * 1024 * 1024
-    # Worker threads that run TensorFlow (RunHandler); default: one per CPU core but one, which is left to the
-    # event loop and gRPC (at least 1). Measured on 2 cores with the MLP against one per core: priority isolation
-    # 3.3x at p99 instead of 9x, 5-10% lower mean latency at one caller, req/s at 32 callers within 5%.
-    num_run_workers: int = max(1, (os.cpu_count() or 1) - 1)
-    # TensorFlow's intra-op and inter-op thread pools (0: TensorFlow picks, one thread per core). Intra-op 1 runs
-    # each op on the run worker itself: parallelism comes from the workers, and a small graph's run pays no thread
-    # hand-off per op (measured: 16-62% more requests/s at one caller on the MLP). 0 favours one large request
-    # at a time.
-    tensorflow_intra_op_parallelism: int = 1
+    # Worker threads that run TensorFlow (RunHandler); default: one per core servex may use (server/cores.py: its
+    # CPU affinity and cgroup quota) but one, which is left to the event loop and gRPC (at least 1). Measured on 2
+    # cores with the MLP against one per core: priority isolation 3.3x at p99 instead of 9x, 5-10% lower mean
+    # latency at one caller, req/s at 32 callers within 5%.
+    num_run_workers: int = field(default_factory=lambda: max(1, usable_cores() - 1))
+    # TensorFlow's intra-op and inter-op thread pools, one each for the whole process (TensorFlow sizes them once,
+    # for its first session). 0: one thread per core servex may use, so that a compute-bound run (a convolution
+    # network, an encoder) spreads each op over every core, while a small graph's ops stay on the run worker that
+    # runs them (TensorFlow splits an op only where its cost pays for it).
+    tensorflow_intra_op_parallelism: int = 0
     tensorflow_inter_op_parallelism: int = 0
     # A TensorFlow session ConfigProto, serialized (TensorFlow Serving's --tensorflow_session_config_file, read
     # by the CLI): the base of every version's session config; the thread pools above and

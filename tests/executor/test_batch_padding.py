@@ -8,7 +8,7 @@ import pytest
 from executor import run_handler
 from executor.batching import BatchingOptions, pad_to_common_shape
 from executor.run_handler import RunHandler
-from tests.executor.test_scheduling import _batched
+from tests.executor.fakes import batched as queue_batched
 
 
 class Echo:
@@ -27,7 +27,7 @@ def batched(values, max_padded_batch_bytes=0, **options):
     handler = RunHandler(1, batching=batching, max_padded_batch_bytes=max_padded_batch_bytes)
     executor = Echo()
     try:
-        return executor.runs, [result[0] for result in _batched(handler, executor, values)]
+        return executor.runs, [result[0] for result in queue_batched(handler, executor, values)]
     finally:
         handler.close()
 
@@ -130,8 +130,8 @@ def test_a_batch_whose_inputs_cannot_be_merged_runs_each_request_alone(monkeypat
     handler = RunHandler(1, batching=BatchingOptions(max_batch_size=8, pad_variable_length_inputs=True))
     executor = Echo()
     try:
-        results = [result[0] for result in _batched(handler, executor, values)]
-        later = _batched(handler, executor, [np.array([[6]], np.float32)])  # the worker still takes work
+        results = [result[0] for result in queue_batched(handler, executor, values)]
+        later = queue_batched(handler, executor, [np.array([[6]], np.float32)])  # the worker still takes work
     finally:
         handler.close()
     assert executor.runs == [(1, 2), (1, 3), (1, 1)]

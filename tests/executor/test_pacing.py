@@ -15,7 +15,7 @@ import pytest
 
 from executor import RunHandler
 from executor.run_handler import BatchingOptions, DeadlineExceeded, Ticket
-from tests.executor.test_scheduling import Busy, Doubler
+from tests.executor.fakes import Busy, Doubler
 
 TIMEOUT = 10
 STALL = 0.3

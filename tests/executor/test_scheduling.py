@@ -16,25 +16,7 @@ from executor.run_handler import BatchingOptions, DeadlineExceeded, RunHandler, 
 from loader import load_saved_model
 from loader.errors import ResourceExhausted
 from tests.conftest import HALF_PLUS_TWO_TF1
-
-
-def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, 30))
-
-
-class Busy:
-    """Holds the (single) worker until released."""
-
-    def __init__(self, handler: RunHandler, ticket: Ticket | None = None):
-        self.started, self.release = threading.Event(), threading.Event()
-        self.future = handler.submit(self._hold, ticket=ticket or Ticket())
-
-    def _hold(self):
-        self.started.set()
-        assert self.release.wait(10)
-
-    async def wait_started(self):
-        await asyncio.get_running_loop().run_in_executor(None, self.started.wait, 10)
+from tests.executor.fakes import Busy, Doubler, batched, run
 
 
 def test_priority_order_while_the_worker_is_busy():
@@ -231,40 +213,12 @@ def test_the_queue_depth_gauge_counts_the_waiting_runs(multiprocess, monkeypatch
         handler.close()
 
 
-class Doubler:
-    """A GraphExecutor stand-in for scheduling tests: run() doubles 'x' and records each run's rows."""
-
-    def __init__(self, scalar_output: bool = False):
-        self.runs: list[int] = []
-        self.scalar_output = scalar_output
-
-    def run(self, feeds, fetches, targets=(), graph_name="", pin=False):
-        x = feeds["x"]
-        self.runs.append(x.shape[0])
-        return [np.float32(x.sum())] if self.scalar_output else [x * 2]
-
-
-def _batched(handler, executor, values, priorities=None, shapes_differ=False):
-    async def main():
-        busy = Busy(handler)
-        await busy.wait_started()
-        futures = []
-        for i, value in enumerate(values):
-            ticket = Ticket(priority=priorities[i] if priorities else 0)
-            futures.append(handler.submit_batchable(executor, {"x": value}, ["y"], False, ticket))
-        busy.release.set()
-        await busy.future
-        return await asyncio.gather(*futures)
-
-    return run(main())
-
-
 def test_batches_split_exactly_per_caller():
     handler = RunHandler(1, batching=BatchingOptions(max_batch_size=8))
     executor = Doubler()
     values = [np.full((rows, 3), i, np.float32) for i, rows in enumerate([1, 2, 1, 3])]
     try:
-        results = _batched(handler, executor, values)
+        results = batched(handler, executor, values)
     finally:
         handler.close()
     assert executor.runs == [7]  # one run of all 7 rows
@@ -277,7 +231,7 @@ def test_batches_pad_up_to_an_allowed_size_and_respect_the_maximum():
     executor = Doubler()
     values = [np.full((1, 2), i, np.float32) for i in range(5)]
     try:
-        results = _batched(handler, executor, values)
+        results = batched(handler, executor, values)
     finally:
         handler.close()
     assert executor.runs == [4, 2]  # 4 rows, then 1 row padded to 2
@@ -292,7 +246,7 @@ def test_batches_form_per_priority_and_per_shape():
     values = [np.ones((1, 2), np.float32), np.ones((1, 2), np.float32), np.ones((1, 3), np.float32),
               np.ones((1, 2), np.float32)]  # fmt: skip
     try:
-        results = _batched(handler, executor, values, priorities=[0, 9, 0, 0])
+        results = batched(handler, executor, values, priorities=[0, 9, 0, 0])
     finally:
         handler.close()
     assert executor.runs == [1, 2, 1]  # the high one alone first; then the two [*,2] of priority 0; then [*,3]
@@ -305,7 +259,7 @@ def test_outputs_without_a_batch_dimension_run_each_request_alone():
     executor = Doubler(scalar_output=True)
     values = [np.full((1, 2), i, np.float32) for i in range(3)]
     try:
-        results = _batched(handler, executor, values)
+        results = batched(handler, executor, values)
     finally:
         handler.close()
     assert [float(r[0]) for r in results] == [0.0, 2.0, 4.0]
@@ -316,9 +270,9 @@ def test_a_graph_without_a_batch_dimension_is_remembered_and_runs_each_request_o
     handler = RunHandler(1, batching=BatchingOptions(max_batch_size=8))
     executor = Doubler(scalar_output=True)
     try:
-        _batched(handler, executor, [np.ones((1, 2), np.float32)] * 2)  # learns: no batch dimension
+        batched(handler, executor, [np.ones((1, 2), np.float32)] * 2)  # learns: no batch dimension
         executor.runs.clear()
-        results = _batched(handler, executor, [np.full((1, 2), i, np.float32) for i in range(3)])
+        results = batched(handler, executor, [np.full((1, 2), i, np.float32) for i in range(3)])
     finally:
         handler.close()
     assert [float(r[0]) for r in results] == [0.0, 2.0, 4.0]
@@ -513,7 +467,7 @@ def test_a_model_s_own_batching_parameters_replace_the_server_s():
     executor = SmallBatches()
     values = [np.full((1, 2), i, np.float32) for i in range(5)]
     try:
-        results = _batched(handler, executor, values)
+        results = batched(handler, executor, values)
     finally:
         handler.close()
     assert executor.runs == [2, 2, 1]  # the model's max_batch_size 2, not the server's 8
@@ -527,8 +481,8 @@ def test_a_model_s_own_batching_turns_batching_on_for_it_alone():
     handler = RunHandler(1)  # batching off for the server
     own, other = SmallBatches(), Doubler()
     try:
-        _batched(handler, own, [np.ones((1, 2), np.float32)] * 5)
-        _batched(handler, other, [np.ones((1, 2), np.float32)] * 3)
+        batched(handler, own, [np.ones((1, 2), np.float32)] * 5)
+        batched(handler, other, [np.ones((1, 2), np.float32)] * 3)
     finally:
         handler.close()
     assert own.runs == [2, 2, 1]

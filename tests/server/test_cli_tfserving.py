@@ -8,6 +8,7 @@ import pytest
 
 from executor.run_handler import BatchingOptions
 from server.cli import parse_settings
+from server.cores import usable_cores
 from server.settings import ServerSettings
 from server.tfserving_flags import DEFAULT_PROMETHEUS_PATH, NO_EFFECT_FLAGS, REFUSED_FLAGS
 
@@ -301,7 +302,7 @@ def test_platform_config_file_replaces_the_session_bundle_flags_as_in_tensorflow
     assert settings.saved_model_tags == ("serve", "gpu")
     assert settings.enable_model_warmup and settings.num_request_iterations_for_warmup == 3
     config = session_config(settings)
-    assert (config.intra_op_parallelism_threads, config.inter_op_parallelism_threads) == (3, 0)
+    assert (config.intra_op_parallelism_threads, config.inter_op_parallelism_threads) == (3, usable_cores())
     assert config.gpu_options.allow_growth and config.gpu_options.per_process_gpu_memory_fraction == 0
     ignored = [n.split(" ")[0] for n in parsed.notes if "is ignored: --platform_config_file" in n]
     assert ignored == [flag.split("=")[0] for flag in sorted(replaced, key=_session_bundle_order)]

@@ -1,0 +1,177 @@
+"""What the RunHandler learns of each client graph's runs while serving, and what it decides from it.
+
+With automatic batching (the default), every run of a batchable client graph reports its rows and seconds here.
+``GraphCost`` keeps, per batch-size bucket (1, 2-3, 4-7, 8-15, ...), a moving average of the run time per row, and
+from it chooses:
+
+- **the kind of graph**: *compute-bound* when one row's run takes at least ``COMPUTE_BOUND_SECONDS`` (the
+  TensorFlow run is the cost: ResNet-50, an encoder), else *call-bound* (receiving, decoding and answering the call
+  cost more than the run: a small MLP, an embedding lookup);
+- **how many runs of it go at once**: one for a compute-bound graph, which has every core through TensorFlow's
+  intra-op pool (several at once would split the same cores and run each slower, while one batch of their rows
+  runs faster); as many as there are run workers for a call-bound graph, whose runs barely use a core each;
+- **the largest batch**: the knee of the measured curve, the smallest batch size whose time per row is within
+  ``KNEE_TOLERANCE`` of the best size seen. Larger batches would hold more memory and make each caller wait longer
+  for little more throughput. Until a bucket has been seen, the configured maximum stands; once a knee is chosen,
+  every ``EXPLORE_EVERY``-th batch may be twice as large, so that a curve that changes (another input size,
+  another load on the machine) is seen again.
+
+The choices are re-made every ``DECIDE_EVERY`` runs; a change is logged and shown in ``servex_scheduler_*`` gauges.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+# A run of one row that takes at least this long is compute-bound: ten times what servex's event loop spends on
+# a small call's receiving, decoding and answering on one core of this project's machines (about 0.2 ms).
+COMPUTE_BOUND_SECONDS = 0.002
+KNEE_TOLERANCE = 0.05  # a batch size is at the knee when its time per row is within 5% of the best size's
+EWMA = 0.2  # weight of a new run in a bucket's average
+MIN_SAMPLES = 2  # runs a bucket needs before it counts
+DECIDE_EVERY = 8  # runs between two decisions
+EXPLORE_EVERY = 16  # with a knee below the maximum, every 16th batch may be twice the knee
+VERIFY_REQUESTS = 4  # requests of the first batch that are also run one by one to check batching's answers
+
+
+# Batched and one-by-one answers agree when each value is within this share of the output's largest magnitude (or
+# a few of its dtype's steps, for low-precision floats): kernels sum in another order for another batch size, while
+# a graph that mixes rows (a softmax over the batch, a batch's mean) answers differently by far more.
+AGREE_TOLERANCE = 1e-3
+_LOW_PRECISION_STEP = {"bfloat16": 2.0**-7, "float8_e4m3fn": 2.0**-3, "float8_e5m2": 2.0**-2}  # ml_dtypes' floats
+
+
+def answers_agree(batched: Sequence[np.ndarray], alone: Sequence[np.ndarray]) -> bool:
+    """Whether one request's rows cut from a batch's outputs (``batched``) are its answers run alone (``alone``)."""
+    if len(batched) != len(alone):
+        return False
+    for a, b in zip(batched, alone, strict=True):
+        a, b = np.asarray(a), np.asarray(b)
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return False
+        low = _LOW_PRECISION_STEP.get(a.dtype.name)
+        if a.dtype.kind in "fc" or low is not None:
+            step = low if low is not None else float(np.finfo(a.dtype).eps)
+            wide = np.complex128 if a.dtype.kind == "c" else np.float64
+            x, y = a.astype(wide), b.astype(wide)
+            finite = np.isfinite(y)
+            scale = float(np.max(np.abs(y[finite]))) if finite.any() else 0.0
+            tolerance = max(AGREE_TOLERANCE, 8 * step)
+            if not np.allclose(x, y, rtol=tolerance, atol=tolerance * scale, equal_nan=True):
+                return False
+        elif not np.array_equal(a, b):
+            return False
+    return True
+
+
+def bucket(rows: int) -> int:
+    """The bucket of a batch of ``rows`` rows: 0 for 1 row, 1 for 2-3, 2 for 4-7, ..."""
+    return max(rows, 1).bit_length() - 1
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What the scheduler runs a client graph with."""
+
+    compute_bound: bool
+    concurrency: int  # runs of it at once
+    batch_limit: int  # rows in one batch at most
+
+    def describe(self, threads: int) -> str:
+        kind = "compute-bound" if self.compute_bound else "call-bound"
+        runs = "1 run at a time" if self.concurrency == 1 else f"up to {self.concurrency} runs at once"
+        return f"{kind}: batches of up to {self.batch_limit} rows, {runs}, {threads} intra-op threads per run"
+
+
+class GraphCost:
+    """The learned cost of one client graph's runs, and the scheduler's choice for it (thread-safe)."""
+
+    def __init__(
+        self,
+        max_batch_size: int,
+        workers: int,
+        threads: int = 1,
+        name: str = "",
+        on_change: Callable[[Choice], None] | None = None,
+    ):
+        self.max_batch_size = max_batch_size
+        self.workers = workers
+        self.threads = threads  # TensorFlow's intra-op threads, which every run may use
+        self.name = name  # for the log line
+        self.on_change = on_change
+        self._lock = threading.Lock()
+        self._per_row: dict[int, float] = {}  # bucket -> moving average of seconds per row
+        self._samples: dict[int, int] = {}
+        self._runs = 0
+        self._batches = 0
+        self.running = 0  # runs of it going now (the RunHandler counts them under its lock)
+        # Batching's answers checked against runs one by one: None until a batch was checked.
+        self.verified: bool | None = None
+        self.choice = Choice(False, workers, max_batch_size)
+
+    # -- what was seen -------------------------------------------------------------------------------------------
+
+    def observe(self, rows: int, seconds: float) -> Choice | None:
+        """A run of ``rows`` rows took ``seconds``; returns the new choice when this run changed it."""
+        if rows < 1 or seconds < 0:
+            return None
+        with self._lock:
+            b = bucket(rows)
+            per_row = seconds / rows
+            old = self._per_row.get(b)
+            self._per_row[b] = per_row if old is None else old + EWMA * (per_row - old)
+            self._samples[b] = self._samples.get(b, 0) + 1
+            self._runs += 1
+            if self._runs % DECIDE_EVERY and self._runs > 1:
+                return None
+            choice = self._decide()
+            if choice == self.choice:
+                return None
+            self.choice = choice
+        log.info("client graph %s: %s", self.name, choice.describe(self.threads))
+        if self.on_change is not None:
+            self.on_change(choice)
+        return choice
+
+    def per_row_seconds(self) -> dict[int, float]:
+        """The moving averages by bucket (of buckets seen at least ``MIN_SAMPLES`` times)."""
+        with self._lock:
+            return {b: s for b, s in self._per_row.items() if self._samples[b] >= MIN_SAMPLES}
+
+    # -- what is chosen ------------------------------------------------------------------------------------------
+
+    def _decide(self) -> Choice:
+        seen = {b: s for b, s in self._per_row.items() if self._samples[b] >= MIN_SAMPLES or self._runs == 1}
+        if not seen:
+            return self.choice
+        smallest = min(seen)
+        one_row = seen[smallest] * (1 << smallest)  # a run's time at the smallest size seen, about one row's
+        compute_bound = one_row >= COMPUTE_BOUND_SECONDS
+        concurrency = 1 if compute_bound else self.workers
+        best = min(seen.values())
+        knee = min(b for b, s in seen.items() if s <= best * (1 + KNEE_TOLERANCE))
+        if knee == max(seen) and not self._covers_max(seen):
+            limit = self.max_batch_size  # the best size is the largest seen: larger ones may be better still
+        else:
+            limit = min(self.max_batch_size, max(1, (2 << knee) - 1))  # the knee bucket's largest size
+        return Choice(compute_bound, concurrency, limit)
+
+    def _covers_max(self, seen: dict[int, float]) -> bool:
+        return max(seen) >= bucket(self.max_batch_size)
+
+    def batch_limit(self) -> int:
+        """The rows the next batch may take: the choice's limit, twice it on every ``EXPLORE_EVERY``-th batch."""
+        limit = self.choice.batch_limit
+        if limit >= self.max_batch_size:
+            return limit
+        self._batches += 1
+        if self._batches % EXPLORE_EVERY == 0:
+            return min(self.max_batch_size, 2 * limit + 1)
+        return limit

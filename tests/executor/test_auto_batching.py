@@ -1,0 +1,172 @@
+"""The RunHandler's automatic batching: a graph batches only once its first batch answered as its requests do
+alone, a compute-bound graph runs one run at a time (in batches), and its choices show in the gauges."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import numpy as np
+from prometheus_client import REGISTRY
+
+from executor.cost_model import VERIFY_REQUESTS
+from executor.run_handler import BatchingOptions, RunHandler, Ticket
+from loader.errors import InvalidArgument
+from tests.executor.fakes import Busy, Doubler, batched, run
+
+AUTO = BatchingOptions(max_batch_size=32, auto=True)
+
+
+class MeanRemover(Doubler):
+    """Answers x minus the batch's mean: its rows depend on each other, so batching changes its answers."""
+
+    def run(self, feeds, fetches, targets=(), graph_name="", pin=False):
+        x = feeds["x"]
+        self.runs.append(x.shape[0])
+        return [x - x.mean(axis=0)]
+
+
+class OneRowOnly(Doubler):
+    """A graph with a fixed batch size of one row: TensorFlow refuses any other."""
+
+    def run(self, feeds, fetches, targets=(), graph_name="", pin=False):
+        if feeds["x"].shape[0] != 1:
+            raise InvalidArgument(f"expected shape [1,3], got {list(feeds['x'].shape)}")
+        return super().run(feeds, fetches)
+
+
+class Slow(Doubler):
+    """Takes 5 ms a run whatever its rows (compute-bound by the cost model's measure), counting runs at once."""
+
+    def __init__(self):
+        super().__init__()
+        self.lock = threading.Lock()
+        self.now = self.most = 0
+
+    def run(self, feeds, fetches, targets=(), graph_name="", pin=False):
+        with self.lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+        time.sleep(0.005)
+        with self.lock:
+            self.now -= 1
+        return super().run(feeds, fetches)
+
+
+def rows(n: int, value: float = 1.0) -> list[np.ndarray]:
+    return [np.full((1, 3), value + i, np.float32) for i in range(n)]
+
+
+def test_a_graph_batches_once_its_first_batch_answered_as_its_requests_do_alone():
+    handler = RunHandler(1, batching=AUTO)
+    executor = Doubler()
+    values = rows(6)
+    try:
+        first = batched(handler, executor, values)
+        second = batched(handler, executor, values)
+    finally:
+        handler.close()
+    # First: the batch of 6, then its first requests alone to check; then a batch of 6 with no check.
+    assert executor.runs == [6, *[1] * VERIFY_REQUESTS, 6]
+    for results in (first, second):
+        for value, (answer,) in zip(values, results, strict=True):
+            np.testing.assert_array_equal(answer, value * 2)
+
+
+def test_a_graph_whose_rows_depend_on_each_other_never_batches_and_answers_as_alone():
+    handler = RunHandler(1, batching=AUTO)
+    executor = MeanRemover()
+    values = rows(6)
+    try:
+        first = batched(handler, executor, values)
+        runs = len(executor.runs)
+        second = batched(handler, executor, values)
+    finally:
+        handler.close()
+    assert executor.runs[0] == 6 and set(executor.runs[1:]) == {1}
+    assert executor.runs[runs:] == [1] * 6  # later requests run one by one
+    for results in (first, second):
+        for (answer,) in results:
+            np.testing.assert_array_equal(answer, np.zeros((1, 3), np.float32))  # alone, x minus its own mean
+
+
+def test_a_graph_that_refuses_a_batch_its_requests_run_alone_in_stops_batching():
+    handler = RunHandler(1, batching=AUTO)
+    executor = OneRowOnly()
+    values = rows(4)
+    try:
+        first = batched(handler, executor, values)
+        second = batched(handler, executor, values)
+    finally:
+        handler.close()
+    assert executor.runs == [1] * 8  # the refused batch never ran; each request alone, twice
+    assert [a[0].tolist() for a in first] == [a[0].tolist() for a in second] == [(v * 2).tolist() for v in values]
+
+
+def test_a_batch_refused_for_one_callers_bad_input_keeps_the_graph_batching():
+    handler = RunHandler(1, batching=AUTO)
+    executor = OneRowOnly()
+    values = [np.ones((1, 3), np.float32), np.ones((2, 3), np.float32)]  # the second fails alone too
+
+    async def main():
+        busy = Busy(handler)
+        await busy.wait_started()
+        futures = [handler.submit_batchable(executor, {"x": v}, ["y"], False, Ticket()) for v in values]
+        busy.release.set()
+        await busy.future
+        return await asyncio.gather(*futures, return_exceptions=True)
+
+    try:
+        good, bad = run(main())
+    finally:
+        handler.close()
+    np.testing.assert_array_equal(good[0], values[0] * 2)
+    assert isinstance(bad, InvalidArgument) and "expected shape [1,3], got [2, 3]" in str(bad)
+    (cost,) = [c for key, c in handler._costs[executor].items() if key is not None]
+    assert cost.verified is None  # not judged on one caller's bad input: the graph may still batch
+
+
+def test_a_compute_bound_graph_runs_one_run_at_a_time_in_batches_and_shows_its_choice():
+    handler = RunHandler(3, batching=AUTO, intra_op_threads=2)
+    executor = Slow()
+    labels = {"model": "slow", "version": "1", "signature": "serving_default"}
+    ticket = Ticket(model="slow", labels=("slow", "1", "serving_default"))
+
+    async def main():
+        await handler.submit_batchable(executor, {"x": rows(1)[0]}, ["y"], False, ticket)  # learns: 5 ms a row
+        futures = []
+        for v in rows(24):  # one at a time, while earlier ones run: free workers would take each at once
+            futures.append(handler.submit_batchable(executor, {"x": v}, ["y"], False, ticket))
+            await asyncio.sleep(0.001)
+        return await asyncio.gather(*futures)
+
+    try:
+        results = run(main())
+    finally:
+        handler.close()
+    assert executor.most == 1  # never two runs at once, with three workers free
+    assert len(executor.runs) < 1 + 24  # and its requests ran in batches
+    assert [r[0].tolist() for r in results] == [(v * 2).tolist() for v in rows(24)]
+    gauge = REGISTRY.get_sample_value
+    assert gauge("servex_scheduler_compute_bound", labels) == 1
+    assert gauge("servex_scheduler_concurrency", labels) == 1
+    assert 1 <= gauge("servex_scheduler_batch_limit", labels) <= 32
+    assert gauge("servex_scheduler_intra_op_threads", {}) == 2
+
+
+def test_a_call_bound_graph_may_run_on_every_worker():
+    handler = RunHandler(3, batching=AUTO)
+    executor = Doubler()
+    ticket = Ticket(labels=("fast", "1", "serving_default"))
+
+    async def main():
+        await handler.submit_batchable(executor, {"x": rows(1)[0]}, ["y"], False, ticket)
+
+    try:
+        run(main())
+    finally:
+        handler.close()
+    labels = {"model": "fast", "version": "1", "signature": "serving_default"}
+    assert REGISTRY.get_sample_value("servex_scheduler_compute_bound", labels) == 0
+    assert REGISTRY.get_sample_value("servex_scheduler_concurrency", labels) == 3

@@ -1,0 +1,138 @@
+"""The automatic batching's cost model on synthetic cost curves: what it chooses for compute-bound, call-bound and
+mixed graphs, and how it follows a curve that changes over time. No timing: the run times are given."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from executor.cost_model import (
+    COMPUTE_BOUND_SECONDS,
+    DECIDE_EVERY,
+    EXPLORE_EVERY,
+    Choice,
+    GraphCost,
+    answers_agree,
+    bucket,
+)
+
+
+def feed(cost: GraphCost, curve, sizes, rounds: int = 4) -> None:
+    """Report ``rounds`` runs at each of ``sizes`` rows, each taking ``curve(rows)`` seconds."""
+    for _ in range(rounds):
+        for rows in sizes:
+            cost.observe(rows, curve(rows))
+
+
+SIZES = (1, 2, 4, 8, 16, 32)
+
+
+def test_buckets_are_powers_of_two():
+    assert [bucket(n) for n in (1, 2, 3, 4, 7, 8, 31, 32, 33)] == [0, 1, 1, 2, 2, 3, 4, 5, 5]
+
+
+def test_a_compute_bound_graph_runs_one_at_a_time_in_batches_up_to_the_knee():
+    # ResNet-like on 2 cores: 12 ms fixed + 47 ms per image: per image 59, 35, 24, 18, 17.1, 17.1 ... ms.
+    cost = GraphCost(max_batch_size=32, workers=4, threads=2)
+    feed(cost, lambda rows: 0.012 + 0.047 * rows, SIZES)
+    choice = cost.choice
+    assert choice.compute_bound and choice.concurrency == 1
+    per_row = cost.per_row_seconds()
+    best = min(per_row.values())
+    # The knee: the smallest bucket within 5% of the best; the limit is that bucket's largest size.
+    knee = min(b for b, s in per_row.items() if s <= best * 1.05)
+    assert choice.batch_limit == min(32, (2 << knee) - 1)
+    assert 1 < choice.batch_limit < 32
+
+
+def test_a_call_bound_graph_runs_on_every_worker_and_batches_to_the_maximum():
+    # A small MLP: 0.1 ms a run whatever its size up to 32 rows (the per-row cost keeps falling).
+    cost = GraphCost(max_batch_size=32, workers=4, threads=2)
+    feed(cost, lambda rows: 0.0001 + 0.000002 * rows, SIZES)
+    assert cost.choice == Choice(compute_bound=False, concurrency=4, batch_limit=32)
+
+
+def test_a_mixed_graph_is_compute_bound_when_one_row_costs_more_than_the_call():
+    # 3 ms per run, flat in rows until 8, then linear: the knee sits at 8.
+    cost = GraphCost(max_batch_size=64, workers=3)
+    feed(cost, lambda rows: 0.003 * max(1, rows / 8), (1, 2, 4, 8, 16, 32, 64))
+    assert cost.choice.compute_bound and cost.choice.concurrency == 1
+    assert cost.choice.batch_limit == 15  # bucket 8-15: per row 0.375 ms, as at 16 and beyond
+
+
+def test_the_first_run_classifies_the_graph():
+    cost = GraphCost(max_batch_size=32, workers=5)
+    cost.observe(1, COMPUTE_BOUND_SECONDS * 3)
+    assert cost.choice.compute_bound and cost.choice.concurrency == 1
+    cost = GraphCost(max_batch_size=32, workers=5)
+    cost.observe(1, COMPUTE_BOUND_SECONDS / 10)
+    assert not cost.choice.compute_bound and cost.choice.concurrency == 5
+
+
+def test_until_larger_batches_were_seen_the_maximum_stands():
+    cost = GraphCost(max_batch_size=32, workers=1)
+    feed(cost, lambda rows: 0.05 * rows**0.5, (1, 2, 4))  # still falling per row at the largest size seen
+    assert cost.choice.batch_limit == 32
+
+
+def test_the_choice_follows_a_curve_that_changes_over_time():
+    cost = GraphCost(max_batch_size=32, workers=2)
+    flat = lambda rows: 0.010 * rows  # noqa: E731  each row costs the same: no size is better than one
+    feed(cost, flat, SIZES, rounds=6)
+    assert cost.choice.batch_limit == 1 and cost.choice.compute_bound
+    # Then the machine frees up / inputs change: large batches become far cheaper per row.
+    cheaper = lambda rows: 0.004 + 0.0001 * rows  # noqa: E731
+    feed(cost, cheaper, SIZES, rounds=12)
+    assert cost.choice.batch_limit == 32
+    assert cost.choice.compute_bound  # a row alone still takes 4.1 ms
+    # And back to a call-bound cost.
+    feed(cost, lambda rows: 0.0002, SIZES, rounds=20)
+    assert not cost.choice.compute_bound and cost.choice.concurrency == 2
+
+
+def test_with_a_knee_below_the_maximum_every_sixteenth_batch_explores_twice_as_large():
+    cost = GraphCost(max_batch_size=32, workers=1)
+    feed(cost, lambda rows: 0.010 * rows, SIZES, rounds=6)
+    assert cost.choice.batch_limit == 1
+    limits = [cost.batch_limit() for _ in range(2 * EXPLORE_EVERY)]
+    assert limits.count(3) == 2 and set(limits) == {1, 3}
+
+
+def test_choices_are_made_every_few_runs_and_reported_once_each():
+    seen = []
+    cost = GraphCost(max_batch_size=32, workers=2, on_change=seen.append)
+    cost.observe(1, 0.05)  # the first run decides: compute-bound
+    assert seen == [Choice(True, 1, 32)]
+    for _ in range(DECIDE_EVERY * 3):
+        cost.observe(1, 0.05)
+    assert len(seen) == 1  # nothing changed
+    for _ in range(DECIDE_EVERY * 3):
+        cost.observe(1, 0.0001)
+    assert seen[-1].compute_bound is False and len(seen) == 2
+
+
+@pytest.mark.parametrize(
+    "batched, alone, agree",
+    [
+        ([np.float32([1.0, 2.0])], [np.float32([1.0, 2.0000005])], True),  # another summation order
+        ([np.float32([1.0, 2.0])], [np.float32([1.0, 2.1])], False),  # rows mixed
+        ([np.float32([100.0, 1e-6])], [np.float32([100.0, 2e-6])], True),  # tiny next to the output's scale
+        ([np.float32([np.nan, 1.0])], [np.float32([np.nan, 1.0])], True),
+        ([np.int64([3, 4])], [np.int64([3, 5])], False),
+        ([np.array([b"a", b"b"], dtype=object)], [np.array([b"a", b"b"], dtype=object)], True),
+        ([np.array([b"a"], dtype=object)], [np.array([b"c"], dtype=object)], False),
+        ([np.float32([[1.0]])], [np.float32([1.0])], False),  # shapes differ
+        ([np.float32([1.0])], [np.float64([1.0])], False),  # dtypes differ
+        ([np.float32([1.0])], [np.float32([1.0]), np.float32([1.0])], False),  # outputs missing
+    ],
+)
+def test_answers_agree_within_rounding_only(batched, alone, agree):
+    assert answers_agree(batched, alone) is agree
+
+
+def test_bfloat16_answers_agree_within_its_precision():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    a = np.array([1.0, 2.0], dtype=ml_dtypes.bfloat16)
+    b = np.array([1.0, 2.015625], dtype=ml_dtypes.bfloat16)  # one step of bfloat16 at 2
+    assert answers_agree([a], [b])
+    assert not answers_agree([a], [np.array([1.0, 2.5], dtype=ml_dtypes.bfloat16)])
