@@ -1,0 +1,114 @@
+"""servex's default scheduling on a compute-bound model, through the real daemon and the KServe v2 gRPC client:
+one request's run spreads over every core servex may use, and concurrent requests run in batches, one batch at a
+time. The thread CPU times come from /proc (Linux), read around the calls: no timing is asserted."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from server.cores import usable_cores
+from tests.integration.daemon import metric
+
+IMAGE = (96, 96, 64)
+
+
+@pytest.fixture(scope="module")
+def conv_model(tmp_path_factory) -> Path:
+    """A small convolution network (random weights): float32 ``images`` [None,96,96,64] -> ``features``
+    [None,64]; a run of one image is about a hundred milliseconds of convolutions on one core."""
+    tf.random.set_seed(0)
+    filters = [tf.Variable(tf.random.normal((3, 3, 64, 64), stddev=0.05)) for _ in range(6)]
+
+    class Conv(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.filters = filters
+
+        @tf.function(input_signature=[tf.TensorSpec([None, *IMAGE], tf.float32, name="images")])
+        def serve(self, images):
+            h = images
+            for f in self.filters:
+                h = tf.nn.relu(tf.nn.conv2d(h, f, strides=1, padding="SAME"))
+            return {"features": tf.reduce_mean(h, axis=[1, 2])}
+
+    base = tmp_path_factory.mktemp("conv") / "conv"
+    module = Conv()
+    tf.saved_model.save(module, str(base / "1"), signatures={"serving_default": module.serve})
+    return base
+
+
+def request(seed: int) -> service_pb2.ModelInferRequest:
+    image = np.random.default_rng(seed).random((1, *IMAGE), dtype=np.float32)
+    req = service_pb2.ModelInferRequest(model_name="conv")
+    tensor = req.inputs.add(name="images", datatype="FP32", shape=image.shape)
+    del tensor  # the shape and name are set; the bytes go in raw_input_contents
+    req.raw_input_contents.append(image.tobytes())
+    return req
+
+
+def thread_cpu_ticks(pid: int) -> dict[int, int]:
+    """Each thread's user + system CPU time, in clock ticks."""
+    ticks = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # the thread ended
+        ticks[int(task.name)] = int(fields[11]) + int(fields[12])  # utime, stime (stat fields 14 and 15)
+    return ticks
+
+
+def busy_threads(daemon, stub, calls: int = 10) -> int:
+    """How many of the daemon's threads did a real share of the CPU work of ``calls`` requests, one at a time."""
+    stub.ModelInfer(request(0), timeout=60)  # built, restored, classified
+    before = thread_cpu_ticks(daemon.proc.pid)
+    for i in range(calls):
+        stub.ModelInfer(request(i), timeout=60)
+    after = thread_cpu_ticks(daemon.proc.pid)
+    spent = {t: after[t] - before.get(t, 0) for t in after}
+    total = sum(spent.values())
+    assert total > 0, "the requests took no measurable CPU time"
+    return sum(1 for ticks in spent.values() if ticks >= 0.2 * total)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="thread CPU times come from Linux's /proc")
+def test_one_request_of_a_compute_bound_model_runs_on_every_core(start_daemon, conv_model):
+    cores = usable_cores()
+    daemon = start_daemon("--model_name=conv", f"--model_base_path={conv_model}")
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(daemon.channel)
+    assert busy_threads(daemon, stub) >= min(cores, 2)
+    labels = {"model": "conv", "version": "1", "signature": "serving_default"}
+    assert metric(daemon, "servex_scheduler_compute_bound", **labels) == 1
+    assert metric(daemon, "servex_scheduler_concurrency", **labels) == 1
+    assert metric(daemon, "servex_scheduler_intra_op_threads") == cores
+
+    # Under load, its requests run in batches (one at a time: each batch has every core).
+    before = metric(daemon, "servex_batch_size_count", model="conv")
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda i: stub.ModelInfer(request(i), timeout=120), range(48)))
+    assert all(list(a.outputs[0].shape) == [1, 64] for a in answers)
+    requests = metric(daemon, "servex_batch_size_count", model="conv") - before
+    alone = metric(daemon, "servex_batch_size_bucket", model="conv", le="1.0")
+    assert requests == 48 and alone < metric(daemon, "servex_batch_size_count", model="conv")
+    # Batched and alone, the answers agree with TensorFlow's own, row by row.
+    model = tf.saved_model.load(str(conv_model / "1")).signatures["serving_default"]
+    for i in (0, 7, 47):
+        expected = model(images=tf.constant(np.frombuffer(request(i).raw_input_contents[0], np.float32)
+                                            .reshape(1, *IMAGE)))["features"].numpy()  # fmt: skip
+        got = np.frombuffer(answers[i].raw_output_contents[0], np.float32).reshape(1, 64)
+        np.testing.assert_allclose(got, expected, rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="thread CPU times come from Linux's /proc")
+@pytest.mark.skipif(usable_cores() < 2, reason="one core: nothing to tell apart")
+def test_with_one_intra_op_thread_the_same_request_runs_on_one_thread(start_daemon, conv_model):
+    daemon = start_daemon("--model_name=conv", f"--model_base_path={conv_model}", "--tensorflow_intra_op_parallelism=1")
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(daemon.channel)
+    assert busy_threads(daemon, stub) == 1
