@@ -25,6 +25,11 @@ class BatchingOptions:
     auto: bool = False
 
 
+# A model's own "no batching" (a Triton config.pbtxt without dynamic_batching), over the server's automatic
+# batching: no request has rows in (0, 0].
+NO_BATCHING = BatchingOptions(max_batch_size=0)
+
+
 def batch_rows(batching: BatchingOptions, rows: int) -> int:
     """The rows a batch of ``rows`` rows runs at: the next allowed batch size, if any are set."""
     allowed = batching.allowed_batch_sizes

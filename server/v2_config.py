@@ -22,7 +22,7 @@ import dataclasses
 from google.protobuf import json_format
 from google.protobuf.descriptor import FieldDescriptor
 
-from executor.run_handler import BatchingOptions
+from executor.batching import NO_BATCHING, BatchingOptions
 from loader.config import VersionPolicy
 from loader.errors import LoadError
 from loader.model_repository import BACKEND, DEFAULT_MODEL_FILENAME, PLATFORM
@@ -45,6 +45,7 @@ def model_config(core: ServingCore, name: str, version: int | None) -> dict:
     batched = (
         sig is not None
         and batching is not None
+        and not batching.auto  # servex's own choice, unseen by clients: shapes stay whole, as without batching
         and all(
             spec.shape is not None and len(spec.shape) > 0 and spec.shape[0] is None for _, spec in inputs + outputs
         )
@@ -305,10 +306,11 @@ def narrow_signature(model, config, max_batch_size: int) -> None:
     )
 
 
-def batching(config) -> BatchingOptions | None:
-    """A repository model's batching: on with ``dynamic_batching``, batches of at most ``max_batch_size`` rows.
+def batching(config) -> BatchingOptions:
+    """A repository model's batching: on with ``dynamic_batching``, batches of at most ``max_batch_size`` rows;
+    without it none (as Triton runs each request of such a model alone, servex's automatic batching leaves it).
     Triton's ``preferred_batch_size`` and ``max_queue_delay_microseconds`` change nothing: a free worker never
     waits for a batch to fill, and batches are not padded."""
     if not config.HasField("dynamic_batching"):
-        return None
+        return NO_BATCHING
     return BatchingOptions(max_batch_size=config.max_batch_size)

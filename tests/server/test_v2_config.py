@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from google.protobuf import text_format
 
-from executor.run_handler import BatchingOptions
+from executor.batching import NO_BATCHING, BatchingOptions
 from loader.errors import LoadError
 from loader.saved_model import Signature, TensorSpec
 from protos.inference import model_config_module
@@ -169,7 +169,7 @@ def test_the_listed_tensors_become_the_signature_s():
 
 
 def test_dynamic_batching_turns_batching_on_with_max_batch_size():
-    assert v2_config.batching(config("max_batch_size: 8")) is None
+    assert v2_config.batching(config("max_batch_size: 8")) == NO_BATCHING  # not the server's automatic batching
     assert v2_config.batching(config("max_batch_size: 8 dynamic_batching { preferred_batch_size: [4] }")) == (
         BatchingOptions(max_batch_size=8)
     )
