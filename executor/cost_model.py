@@ -33,9 +33,9 @@ log = logging.getLogger(__name__)
 # A run of one row that takes at least this long is compute-bound: ten times what servex's event loop spends on
 # a small call's receiving, decoding and answering on one core of this project's machines (about 0.2 ms).
 COMPUTE_BOUND_SECONDS = 0.002
-KNEE_TOLERANCE = 0.05  # a batch size is at the knee when its time per row is within 5% of the best size's
+KNEE_TOLERANCE = 0.02  # a batch size is at the knee when its time per row is within 2% of the best size's
 EWMA = 0.2  # weight of a new run in a bucket's average
-MIN_SAMPLES = 2  # runs a bucket needs before it counts
+MIN_SAMPLES = 3  # runs a bucket needs before it counts
 DECIDE_EVERY = 8  # runs between two decisions
 EXPLORE_EVERY = 16  # with a knee below the maximum, every 16th batch may be twice the knee
 VERIFY_REQUESTS = 4  # requests of the first batch that are also run one by one to check batching's answers

@@ -39,8 +39,8 @@ def test_a_compute_bound_graph_runs_one_at_a_time_in_batches_up_to_the_knee():
     assert choice.compute_bound and choice.concurrency == 1
     per_row = cost.per_row_seconds()
     best = min(per_row.values())
-    # The knee: the smallest bucket within 5% of the best; the limit is that bucket's largest size.
-    knee = min(b for b, s in per_row.items() if s <= best * 1.05)
+    # The knee: the smallest bucket within 2% of the best; the limit is that bucket's largest size.
+    knee = min(b for b, s in per_row.items() if s <= best * 1.02)
     assert choice.batch_limit == min(32, (2 << knee) - 1)
     assert 1 < choice.batch_limit < 32
 
