@@ -12,11 +12,12 @@ wait on that build's future, and callers of other keys never wait on it.
 from __future__ import annotations
 
 import difflib
+import functools
 import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -25,6 +26,7 @@ import tensorflow as tf
 from tensorflow.core.framework import types_pb2
 from tensorflow.core.protobuf import config_pb2
 
+from executor.cost_model import ThreadModeChooser
 from executor.metrics import CacheMetrics
 from executor.op_policy import OpPolicy
 from loader.errors import InvalidArgument, ServingError, error_with_code
@@ -78,11 +80,31 @@ class LoadedClientGraph:
     pinned: bool
     _callable: object
     variables_ready: bool = False  # every variable it reads is on the device
+    # With runs on the worker thread: makes the same graph's callable that hands its ops to TensorFlow's inter-op
+    # pool, and the chooser that learns which of the two runs it faster (ThreadModeChooser).
+    _make_pooled: Callable[[], object] | None = None
+    _chooser: ThreadModeChooser | None = None
+    _pooled: object = None
 
     def run(self, sorted_feeds: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Run with feed values in ``feeds`` order; returns fetches in ``fetch_names`` order, each an ndarray."""
+        chooser = self._chooser
+        if chooser is None:
+            return self._run(self._callable, sorted_feeds)
+        if chooser.pooled is not None:
+            return self._run(self._pooled if chooser.pooled else self._callable, sorted_feeds)
+        pooled = chooser.pick()
+        if pooled and self._pooled is None:
+            self._pooled = self._make_pooled()  # two first pooled runs at once may both make it: the same
+        started = time.perf_counter()
+        results = self._run(self._pooled if pooled else self._callable, sorted_feeds)
+        rows = sorted_feeds[0].shape[0] if sorted_feeds and sorted_feeds[0].ndim else 1
+        chooser.record(pooled, rows, time.perf_counter() - started)
+        return results
+
+    def _run(self, fn, sorted_feeds: Sequence[np.ndarray]) -> list[np.ndarray]:
         try:
-            results = self._callable(*sorted_feeds)
+            results = fn(*sorted_feeds)
         except UnicodeDecodeError as e:
             # TensorFlow's error message quoted bytes that are not UTF-8 (ParseExample quoting a client's
             # serialized example, RestoreV2 a file name), and turning it into a Python string failed before any
@@ -281,6 +303,13 @@ class GraphExecutor:
             fn = self.model.session._make_callable_from_options(options)
         except tf.errors.OpError as e:  # e.g. a tensor both fed and fetched
             raise error_with_code(e.error_code, f"cannot build client graph {printed!r}: {e.message}") from e
+        make_pooled = chooser = None
+        if self._run_in_caller_thread:  # compute-bound graphs may run faster handed to the inter-op pool
+            pooled_options = config_pb2.CallableOptions()
+            pooled_options.CopyFrom(options)
+            pooled_options.run_options.inter_op_thread_pool = 0
+            make_pooled = functools.partial(self.model.session._make_callable_from_options, pooled_options)
+            chooser = ThreadModeChooser(printed)
         specs = tuple(
             FeedSpec(
                 name=t.name,
@@ -295,7 +324,9 @@ class GraphExecutor:
         self._metrics.builds.inc()
         self._metrics.build_seconds.observe(seconds)
         log.debug("built client graph %s in %.3fs (reads %d variables)", printed, seconds, len(variables))
-        return LoadedClientGraph(printed, key, specs, fetch_names, target_names, variables, seconds, pin, fn)
+        graph = LoadedClientGraph(printed, key, specs, fetch_names, target_names, variables, seconds, pin, fn)
+        graph._make_pooled, graph._chooser = make_pooled, chooser
+        return graph
 
     def _op_policy(self) -> OpPolicy:
         """The model's OpPolicy, made once (two first builds at once may both make it: the same, harmless)."""

@@ -13,6 +13,7 @@ import pytest
 import tensorflow as tf
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+from executor.cost_model import ThreadModeChooser
 from server.cores import usable_cores
 from tests.integration.daemon import metric
 
@@ -67,7 +68,8 @@ def thread_cpu_ticks(pid: int) -> dict[int, int]:
 
 def busy_threads(daemon, stub, calls: int = 10) -> int:
     """How many of the daemon's threads did a real share of the CPU work of ``calls`` requests, one at a time."""
-    stub.ModelInfer(request(0), timeout=60)  # built, restored, classified
+    for i in range(2 * ThreadModeChooser.TRIALS + 2):  # built, restored, classified, its thread mode chosen
+        stub.ModelInfer(request(i), timeout=60)
     before = thread_cpu_ticks(daemon.proc.pid)
     for i in range(calls):
         stub.ModelInfer(request(i), timeout=60)
@@ -108,7 +110,8 @@ def test_one_request_of_a_compute_bound_model_runs_on_every_core(start_daemon, c
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="thread CPU times come from Linux's /proc")
 @pytest.mark.skipif(usable_cores() < 2, reason="one core: nothing to tell apart")
-def test_with_one_intra_op_thread_the_same_request_runs_on_one_thread(start_daemon, conv_model):
-    daemon = start_daemon("--model_name=conv", f"--model_base_path={conv_model}", "--tensorflow_intra_op_parallelism=1")
+def test_with_one_thread_in_each_tensorflow_pool_the_same_request_runs_on_one_thread(start_daemon, conv_model):
+    one_thread = ("--tensorflow_intra_op_parallelism=1", "--tensorflow_inter_op_parallelism=1")
+    daemon = start_daemon("--model_name=conv", f"--model_base_path={conv_model}", *one_thread)
     stub = service_pb2_grpc.GRPCInferenceServiceStub(daemon.channel)
     assert busy_threads(daemon, stub) == 1
