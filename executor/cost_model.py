@@ -22,7 +22,9 @@ The choices are re-made every ``DECIDE_EVERY`` runs; a change is logged and show
 from __future__ import annotations
 
 import logging
+import statistics
 import threading
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -34,7 +36,9 @@ log = logging.getLogger(__name__)
 # a small call's receiving, decoding and answering on one core of this project's machines (about 0.2 ms).
 COMPUTE_BOUND_SECONDS = 0.002
 KNEE_TOLERANCE = 0.02  # a batch size is at the knee when its time per row is within 2% of the best size's
-EWMA = 0.2  # weight of a new run in a bucket's average
+KNEE_KEEP = 0.05  # a limit grows only once its bucket's time per row is 5% off the best (noise is not news)
+CONFIRMATIONS = 3  # decisions in a row that must propose a new batch limit before it is taken
+WINDOW = 16  # runs of each bucket whose median counts (a median: one run slowed by another thread is not news)
 MIN_SAMPLES = 3  # runs a bucket needs before it counts
 DECIDE_EVERY = 8  # runs between two decisions
 EXPLORE_EVERY = 16  # with a knee below the maximum, every 16th batch may be twice the knee
@@ -107,10 +111,10 @@ class GraphCost:
         self.name = name  # for the log line
         self.on_change = on_change
         self._lock = threading.Lock()
-        self._per_row: dict[int, float] = {}  # bucket -> moving average of seconds per row
-        self._samples: dict[int, int] = {}
+        self._per_row: dict[int, deque[float]] = {}  # bucket -> the last WINDOW runs' seconds per row
         self._runs = 0
         self._batches = 0
+        self._proposed, self._streak = 0, 0  # a new batch limit proposed, and how many decisions in a row did
         self.running = 0  # runs of it going now (the RunHandler counts them under its lock)
         # Batching's answers checked against runs one by one: None until a batch was checked.
         self.verified: bool | None = None
@@ -124,12 +128,12 @@ class GraphCost:
             return None
         with self._lock:
             b = bucket(rows)
-            per_row = seconds / rows
-            old = self._per_row.get(b)
-            self._per_row[b] = per_row if old is None else old + EWMA * (per_row - old)
-            self._samples[b] = self._samples.get(b, 0) + 1
+            window = self._per_row.get(b)
+            if window is None:
+                window = self._per_row[b] = deque(maxlen=WINDOW)
+            window.append(seconds / rows)
             self._runs += 1
-            if self._runs % DECIDE_EVERY and self._runs > 1:
+            if self._runs % DECIDE_EVERY and self._runs != MIN_SAMPLES:  # a first choice after a few runs
                 return None
             choice = self._decide()
             if choice == self.choice:
@@ -141,26 +145,47 @@ class GraphCost:
         return choice
 
     def per_row_seconds(self) -> dict[int, float]:
-        """The moving averages by bucket (of buckets seen at least ``MIN_SAMPLES`` times)."""
+        """The median time per row of the last runs, by bucket (of buckets seen at least ``MIN_SAMPLES`` times)."""
         with self._lock:
-            return {b: s for b, s in self._per_row.items() if self._samples[b] >= MIN_SAMPLES}
+            return self._seen(MIN_SAMPLES)
+
+    def _seen(self, least: int) -> dict[int, float]:
+        return {b: statistics.median(w) for b, w in self._per_row.items() if len(w) >= least}
 
     # -- what is chosen ------------------------------------------------------------------------------------------
 
     def _decide(self) -> Choice:
-        seen = {b: s for b, s in self._per_row.items() if self._samples[b] >= MIN_SAMPLES or self._runs == 1}
+        seen = self._seen(MIN_SAMPLES)
         if not seen:
             return self.choice
         smallest = min(seen)
         one_row = seen[smallest] * (1 << smallest)  # a run's time at the smallest size seen, about one row's
-        compute_bound = one_row >= COMPUTE_BOUND_SECONDS
+        # With a band between the two thresholds, so that a run slowed now and then (the event loop took the core)
+        # does not flip the choice back and forth.
+        if self.choice.compute_bound:
+            compute_bound = one_row >= COMPUTE_BOUND_SECONDS / 2
+        else:
+            compute_bound = one_row >= COMPUTE_BOUND_SECONDS
         concurrency = 1 if compute_bound else self.workers
+        if not compute_bound:  # the call is the cost: a larger batch only saves hand-offs
+            return Choice(False, concurrency, self.max_batch_size)
         best = min(seen.values())
         knee = min(b for b, s in seen.items() if s <= best * (1 + KNEE_TOLERANCE))
         if knee == max(seen) and not self._covers_max(seen):
             limit = self.max_batch_size  # the best size is the largest seen: larger ones may be better still
         else:
             limit = min(self.max_batch_size, max(1, (2 << knee) - 1))  # the knee bucket's largest size
+        current = bucket(self.choice.batch_limit)
+        if limit > self.choice.batch_limit and current in seen and seen[current] <= best * (1 + KNEE_KEEP):
+            limit = self.choice.batch_limit  # larger only where the current limit is clearly worse: not for noise
+        # A new limit only once three decisions in a row proposed it: a bucket's median moved by noise is not news.
+        if limit != self.choice.batch_limit and self.choice.compute_bound:
+            self._streak = self._streak + 1 if limit == self._proposed else 1
+            self._proposed = limit
+            if self._streak < CONFIRMATIONS:
+                limit = self.choice.batch_limit
+        else:
+            self._streak = 0
         return Choice(compute_bound, concurrency, limit)
 
     def _covers_max(self, seen: dict[int, float]) -> bool:
@@ -172,8 +197,8 @@ class GraphCost:
         if limit >= self.max_batch_size:
             return limit
         self._batches += 1
-        if self._batches % EXPLORE_EVERY == 0:
-            return min(self.max_batch_size, 2 * limit + 1)
+        if self._batches % EXPLORE_EVERY == 0:  # the next bucket up, whole
+            return min(self.max_batch_size, (4 << bucket(limit)) - 1)
         return limit
 
 

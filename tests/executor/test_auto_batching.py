@@ -134,7 +134,8 @@ def test_a_compute_bound_graph_runs_one_run_at_a_time_in_batches_and_shows_its_c
     ticket = Ticket(model="slow", labels=("slow", "1", "serving_default"))
 
     async def main():
-        await handler.submit_batchable(executor, {"x": rows(1)[0]}, ["y"], False, ticket)  # learns: 5 ms a row
+        for _ in range(3):  # learns: 5 ms a row
+            await handler.submit_batchable(executor, {"x": rows(1)[0]}, ["y"], False, ticket)
         futures = []
         for v in rows(24):  # one at a time, while earlier ones run: free workers would take each at once
             futures.append(handler.submit_batchable(executor, {"x": v}, ["y"], False, ticket))
@@ -146,7 +147,7 @@ def test_a_compute_bound_graph_runs_one_run_at_a_time_in_batches_and_shows_its_c
     finally:
         handler.close()
     assert executor.most == 1  # never two runs at once, with three workers free
-    assert len(executor.runs) < 1 + 24  # and its requests ran in batches
+    assert len(executor.runs) < 3 + 24  # and its requests ran in batches
     assert [r[0].tolist() for r in results] == [(v * 2).tolist() for v in rows(24)]
     gauge = REGISTRY.get_sample_value
     assert gauge("servex_scheduler_compute_bound", labels) == 1
