@@ -1,0 +1,475 @@
+"""servex on the model suite (scripts/suite_models.py), side by side with in-process TensorFlow and its peers.
+
+    python scripts/bench_suite.py [--seconds 5] [--rounds 1] [--models resnet50,mlp] [--concurrency 1,8,32]
+        [--servers inprocess,servex,kserve,mlserver] [--models_dir /tmp/suite] [--docs docs] [--servex_flag=--X]
+
+For each round and model, one after another: ``inprocess``: ``signatures["serving_default"]`` of
+``tf.saved_model.load`` in a fresh process of servex's venv, TensorFlow's default threading, called with
+``tf.constant`` inputs (only the call timed): the mean batch-1 latency, and the limit, the best rows/s over batches
+of 1..32. ``servex`` (default flags, plus any ``--servex_flag``), ``kserve``, ``mlserver`` (the kit's peers, as
+scripts/bench_peers.py starts them): KServe v2 gRPC ModelInfer, one row of every input per request, closed-loop
+through the kit's h2load driver at each concurrency (rows/s, mean latency), then h2load's per-request log
+(p50/p99); a level runs --seconds, or longer where a slow model needs it for ~8 requests per caller. ModelInfer
+is checked (it answers the output) before and after the load, so errors are not counted as throughput; a server
+that fails is recorded and skipped. ``wide_deep_classify`` (with wide_deep): servex's TensorFlow Serving Classify,
+one serialized tf.Example per request, from a grpc.aio closed loop, against in-process ``classify`` calls.
+Prints one JSON line per measurement, then each model's ratios against the goals (medians over rounds), and
+writes DOCS/performance-suite.md and DOCS/img/suite.png (matplotlib).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import functools
+import json
+import math
+import os
+import signal
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import grpc  # noqa: E402
+from tritonclient.grpc import service_pb2, service_pb2_grpc  # noqa: E402
+
+from scripts.bench_peers import KIT, METHOD, free_port, h2load_percentiles, h2load_run  # noqa: E402  (h2grpc's)
+from scripts.suite_models import SUITE, WIDE_DEEP_IDS, WIDE_DEEP_ROWS, export  # noqa: E402
+
+PY = REPO / ".venv" / "bin" / "python"
+DTYPES = {"FP32": np.float32, "INT32": np.int32, "INT64": np.int64}
+BATCHES = (1, 2, 4, 8, 16, 32)
+PEERS = ("kserve", "mlserver")
+CLASSIFY = "wide_deep_classify"
+# ratio -> (label, goal, at least?)
+GOALS = {
+    "top_vs_inprocess": ("servex rows/s at top callers / in-process limit", 0.9, True),
+    "top_vs_peer": ("servex rows/s at top callers / better peer", 1.2, True),
+    "lat_vs_inprocess": ("servex 1-caller mean latency / in-process batch-1", 1.05, False),
+    "lat_vs_peer": ("servex 1-caller mean latency / better peer's (mlp: KServe's)", 1.0, False),
+    "p99_vs_p50": ("servex p99 / p50 at top callers", 2.0, False),
+}
+MLP_GOALS = {"top_vs_peer": 3.0, "lat_vs_peer": 0.7}
+
+
+def rows(inp, batch: int, rng) -> np.ndarray:
+    """``batch`` rows of one Input, values in [0, high)."""
+    shape = (batch, *inp.row)
+    if inp.dtype == "FP32":
+        return (rng.random(shape) * inp.high).astype(np.float32)
+    return rng.integers(0, inp.high, shape, dtype=DTYPES[inp.dtype])
+
+
+def fill_example(example, rng):
+    """A wide_deep tf.Example: features ``dense`` (13 floats) and ``ids`` (8 int64)."""
+    example.features.feature["dense"].float_list.value.extend(rng.random(13).tolist())
+    example.features.feature["ids"].int64_list.value.extend(rng.integers(0, WIDE_DEEP_ROWS, WIDE_DEEP_IDS).tolist())
+    return example
+
+
+def inprocess_child(spec: dict) -> None:
+    """Runs in a fresh process: prints the batch-1 latency and the limit over batch sizes as one JSON line."""
+    import tensorflow as tf
+
+    fn = tf.saved_model.load(spec["path"]).signatures[spec["signature"]]
+    rng, seconds = np.random.default_rng(0), spec["seconds"]
+    if spec["signature"] == "classify":
+        example = fill_example(tf.train.Example(), rng).SerializeToString()
+        feeds = lambda b: {"inputs": tf.constant([example] * b)}  # noqa: E731
+    else:
+        feeds = lambda b: {i.name: tf.constant(rows(i, b, rng)) for i in SUITE[spec["model"]].inputs}  # noqa: E731
+
+    def timed(feed: dict, budget: float) -> list[float]:
+        fn(**feed)  # warm: the first call at a shape builds its kernels
+        times: list[float] = []
+        while sum(times) < budget or len(times) < 3:
+            t0 = time.perf_counter()
+            fn(**feed)
+            times.append(time.perf_counter() - t0)
+        return times
+
+    latency = timed(feeds(1), seconds)
+    by_batch = {}
+    for b in BATCHES:
+        times = timed(feeds(b), max(1.0, seconds / 2))
+        by_batch[b] = round(b * len(times) / sum(times), 1)
+    best = max(by_batch, key=by_batch.get)
+    print(json.dumps({"latency_ms": round(1000 * statistics.mean(latency), 3), "calls": len(latency),
+                      "limit_rows_s": by_batch[best], "limit_batch": best, "by_batch": by_batch}))  # fmt: skip
+
+
+def inprocess(model: str, base: Path, signature: str, seconds: int) -> dict:
+    spec = {"model": model, "path": str(base / "1"), "signature": signature, "seconds": seconds}
+    child = [str(PY), str(Path(__file__).resolve()), "--child", json.dumps(spec)]
+    out = subprocess.run(child, capture_output=True, text=True)
+    if out.returncode:
+        return {"error": out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}"}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def command(server: str, model: str, base: Path, port: int, a) -> list[str]:
+    if server == "servex":
+        return [str(PY), "-m", "server", f"--model_name={model}", f"--model_base_path={base}", f"--port={port}",
+                "--rest_api_port=0", "--metrics_port=0", "--bind_address=127.0.0.1", *a.servex_flag]  # fmt: skip
+    if server == "kserve":
+        python = Path(a.peers_dir) / "kserve" / "bin" / "python"
+        return [str(python), str(KIT / "peers" / "kserve_tf.py"), model, str(base / "1"), str(port), str(free_port())]
+    return ["bash", str(KIT / "peers" / "run_mlserver.sh"), model, str(base / "1"), str(port), str(free_port()),
+            "32", "0.002"]  # fmt: skip
+
+
+def infer_request(model: str) -> service_pb2.ModelInferRequest:
+    """One row of every input of ``model``, as raw_input_contents."""
+    rng = np.random.default_rng(0)
+    request = service_pb2.ModelInferRequest(model_name=model)
+    for inp in SUITE[model].inputs:
+        request.inputs.add(name=inp.name, datatype=inp.dtype, shape=[1, *inp.row])
+        request.raw_input_contents.append(rows(inp, 1, rng).tobytes())  # in the inputs' order
+    return request
+
+
+def wait_ready(port: int, proc: subprocess.Popen, model: str, timeout: float = 600) -> None:
+    """Until the v2 ModelReady RPC says the model is ready."""
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"exited with {proc.returncode} before it was ready")
+            try:
+                if stub.ModelReady(service_pb2.ModelReadyRequest(name=model), timeout=5).ready:
+                    return
+            except grpc.RpcError:
+                pass
+            time.sleep(0.5)
+    raise RuntimeError(f"not ready within {timeout:.0f}s")
+
+
+def check_infer(port: int, request, output: str, calls: int = 3) -> None:
+    """``calls`` ModelInfer calls (warming the server up) that must answer ``output`` for the one row."""
+    with grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.max_receive_message_length", 1 << 30)]) as ch:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(ch)
+        for _ in range(calls):
+            try:
+                response = stub.ModelInfer(request, timeout=120)
+            except grpc.RpcError as e:
+                raise RuntimeError(f"ModelInfer failed: {e.code().name}: {e.details()}") from None
+            found = [o for o in response.outputs if o.name == output]
+            if not found or found[0].shape[:1] != [1] or not (response.raw_output_contents or found[0].contents):
+                raise RuntimeError(f"ModelInfer answered no {output!r} row: {[o.name for o in response.outputs]}")
+
+
+def h2load_level(port: int, frame: Path, c: int, seconds: int) -> dict:
+    """rows/s and mean latency from the kit's h2load driver, then p50/p99 from h2load's per-request log."""
+    r = h2load_run(port, str(frame), c, seconds, METHOD)
+    if r["rps"] is None:
+        raise RuntimeError(f"h2load gave no figures at {c} callers")
+    tail = h2load_percentiles(port, frame, c, seconds)
+    return {"concurrency": c, "rows_s": r["rps"], "mean_ms": r["mean_ms"], "p50_ms": tail["p50_ms"],
+            "p99_ms": tail["p99_ms"], "failed": r["failed"]}  # fmt: skip
+
+
+async def aio_level(port: int, request, c: int, seconds: float, warm: float = 1.0) -> dict:
+    """A closed loop of ``c`` grpc.aio callers on Classify, one request in flight each (as the kit's loadgen)."""
+    from tensorflow_serving.apis import prediction_service_pb2_grpc
+
+    latencies, errors = [], []
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        stop = (start := time.perf_counter() + warm) + seconds
+
+        async def caller():
+            while (t0 := time.perf_counter()) < stop:
+                try:
+                    await stub.Classify(request, timeout=30)
+                except grpc.aio.AioRpcError as e:
+                    errors.append(e.code().name)
+                    continue
+                if t0 >= start:
+                    latencies.append(time.perf_counter() - t0)
+
+        await asyncio.gather(*(caller() for _ in range(c)))
+    ms = np.array(latencies or [float("nan")]) * 1000
+    return {"concurrency": c, "rows_s": round(len(latencies) / seconds, 1), "mean_ms": round(float(ms.mean()), 3),
+            "p50_ms": round(float(np.percentile(ms, 50)), 3), "p99_ms": round(float(np.percentile(ms, 99)), 3),
+            "failed": len(errors), "first_error": errors[0] if errors else None}  # fmt: skip
+
+
+def classify_levels(port: int, levels: list[int], seconds: int, emit) -> dict:
+    """servex's Classify on wide_deep's ``classify`` signature, one example per request."""
+    from tensorflow_serving.apis import classification_pb2, prediction_service_pb2_grpc
+
+    request = classification_pb2.ClassificationRequest()
+    request.model_spec.name, request.model_spec.signature_name = "wide_deep", "classify"
+    fill_example(request.input.example_list.examples.add(), np.random.default_rng(0))
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        for _ in range(3):
+            answer = stub.Classify(request, timeout=120)
+            if len(answer.result.classifications) != 1 or not answer.result.classifications[0].classes:
+                raise RuntimeError(f"Classify answered no class scores: {answer}")
+    return {"levels": {c: emit(asyncio.run(aio_level(port, request, c, seconds))) for c in levels}}
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """SIGTERM to the server's process group, SIGKILL after 30 s."""
+    for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, None)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(wait)
+            return
+
+
+def serve(server: str, model: str, base: Path, a, levels: list[int], emit, work: Path) -> dict[str, dict]:
+    """One server on one model: {model: result} (servex on wide_deep adds wide_deep_classify)."""
+    port, request, frame = free_port(), infer_request(model), work / f"{model}.grpc"
+    payload = request.SerializeToString()
+    frame.write_bytes(b"\0" + struct.pack(">I", len(payload)) + payload)  # a gRPC message frame, for h2load
+    log, proc, results, t0 = open(work / f"{server}-{model}.log", "wb"), None, {}, time.monotonic()
+    try:
+        proc = subprocess.Popen(command(server, model, base, port, a), cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                                env=dict(os.environ, PEERS_DIR=a.peers_dir), start_new_session=True)  # fmt: skip
+        wait_ready(port, proc, model)
+        check_infer(port, request, SUITE[model].output)
+        emit({"event": "ready", "seconds": round(time.monotonic() - t0, 1)}, model=model)
+        levels_out, rate = {}, None
+        for c in levels:  # long enough for each caller to finish ~8 requests at the rate of the first level
+            seconds = max(a.seconds, math.ceil(8 * c / rate)) if rate else a.seconds
+            levels_out[c] = emit({**h2load_level(port, frame, c, seconds), "seconds": seconds}, model=model)
+            rate = rate or levels_out[c]["rows_s"]
+        check_infer(port, request, SUITE[model].output, calls=1)  # still answering after the load
+        results[model] = {"levels": levels_out}
+        if server == "servex" and model == "wide_deep":
+            try:
+                results[CLASSIFY] = classify_levels(port, levels, a.seconds, lambda r: emit(r, model=CLASSIFY))
+            except Exception as e:
+                results[CLASSIFY] = {"error": str(e)[:300]}
+    except Exception as e:
+        tail = Path(log.name).read_text(errors="replace").strip().splitlines()[-1:]
+        results[model] = {"error": "; ".join([str(e)[:300], *(line[:300] for line in tail)]), "log": log.name}
+    finally:
+        log.close()
+        if proc is not None:
+            stop(proc)
+    return {name: emit(r, model=name) if "error" in r else r for name, r in results.items()}
+
+
+def ratios(d: dict, model: str, top: int, one: int) -> dict[str, float | None]:
+    """servex against in-process TensorFlow and the better peer, for one model in one round."""
+    ok = lambda s: s in d and "error" not in d[s]  # noqa: E731
+    sx = d["servex"]["levels"] if ok("servex") else None
+    inproc = d.get("inprocess") if ok("inprocess") else None
+    peers = [d[p]["levels"] for p in PEERS if ok(p)]
+    lat_peers = [d[p]["levels"] for p in (("kserve",) if model == "mlp" else PEERS) if ok(p)]
+    div = lambda x, y: round(x / y, 3) if x is not None and y else None  # noqa: E731
+    if sx is None:
+        return dict.fromkeys(GOALS)
+    return {
+        "top_vs_inprocess": div(sx[top]["rows_s"], inproc and inproc["limit_rows_s"]),
+        "top_vs_peer": div(sx[top]["rows_s"], max((p[top]["rows_s"] for p in peers), default=None)),
+        "lat_vs_inprocess": div(sx[one]["mean_ms"], inproc and inproc["latency_ms"]),
+        "lat_vs_peer": div(sx[one]["mean_ms"], min((p[one]["mean_ms"] for p in lat_peers), default=None)),
+        "p99_vs_p50": div(sx[top]["p99_ms"], sx[top]["p50_ms"]),
+    }
+
+
+def verdict(model: str, key: str, s: dict) -> str:
+    """The median ratio against its goal (and each round's, where there were several)."""
+    value, (_, goal, at_least) = s["ratios"][key], GOALS[key]
+    if value is None:
+        return "n/a"
+    goal = MLP_GOALS.get(key, goal) if model == "mlp" else goal
+    met = value >= goal if at_least else value <= goal
+    by_round = ", ".join("n/a" if r[key] is None else f"{r[key]:.2f}" for r in s["by_round"])
+    rounds = f" (rounds: {by_round})" if len(s["by_round"]) > 1 else ""
+    return f"{value:.2f}x {'met' if met else 'MISSED'} ({'>=' if at_least else '<='} {goal}x){rounds}"
+
+
+def median(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return round(statistics.median(values), 3) if values else None
+
+
+def summarize(rounds: list[dict], models: list[str], top: int, one: int) -> dict[str, dict]:
+    """Per model: the median of each figure and ratio over the rounds, the ratios of each round, and the errors."""
+    out = {}
+    for model in models:
+        per_round = [ratios(r.get(model, {}), model, top, one) for r in rounds]
+        servers = sorted({s for r in rounds for s in r.get(model, {})}, key=["inprocess", "servex", *PEERS].index)
+        figures, errors = {}, {}
+        for s in servers:
+            runs = [r[model][s] for r in rounds if s in r.get(model, {})]
+            errors[s] = sorted({run["error"] for run in runs if "error" in run})
+            good = [run for run in runs if "error" not in run]
+            if not good:
+                continue
+            if s == "inprocess":
+                figures[s] = {k: median(run[k] for run in good) for k in ("latency_ms", "limit_rows_s")}
+                figures[s]["limit_batch"] = statistics.mode(run["limit_batch"] for run in good)
+            else:
+                levels = good[0]["levels"]
+                figures[s] = {c: {k: median(run["levels"][c][k] for run in good) for k in levels[c]} for c in levels}
+        medians = {k: median(r[k] for r in per_round) for k in GOALS}
+        out[model] = {"figures": figures, "ratios": medians, "by_round": per_round, "errors": errors}
+    return out
+
+
+def markdown(summary: dict, levels: list[int], a, elapsed: float) -> str:
+    top, one = levels[-1], levels[0]
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")), "unknown")  # fmt: skip
+    tree = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPO, capture_output=True, text=True)
+    lines = [
+        "# servex on the model suite", "",
+        f"- command: `python {' '.join(sys.argv)}`",
+        f"- machine: {os.cpu_count()} CPUs ({cpu}); date: {datetime.now().astimezone():%Y-%m-%d %H:%M %Z}; "
+        f"run took {elapsed / 60:.0f} min",
+        f"- servex: the working tree at `{tree.stdout.strip()}`, flags: default"
+        + (f" plus `{' '.join(a.servex_flag)}`" if a.servex_flag else ""),
+        f"- {a.rounds} round(s) of {a.seconds} s per measurement (more for slow models at many callers: ~8"
+        " requests per caller); figures and ratios are medians over rounds.",
+        "- Servers: KServe v2 ModelInfer through h2load (p50/p99 from its per-request log); wide_deep_classify:"
+        " TensorFlow Serving Classify from a Python grpc.aio client, which takes more of the CPUs than h2load.",
+        "- Requests carry one row (batch 1); rows/s of the servers is requests/s. In-process: mean batch-1 latency,"
+        " and the limit: the best rows/s over batches of 1..32 (the batch that gave it in brackets).",
+        "", "## Ratios against the goals", "",
+        "| model | " + " | ".join(label for label, _, _ in GOALS.values()) + " |",
+        "| --- " * (len(GOALS) + 1) + "|",
+    ]  # fmt: skip
+    for model, s in summary.items():
+        lines.append(f"| {model} | " + " | ".join(verdict(model, k, s) for k in GOALS) + " |")
+    head = " | ".join(f"rows/s @{c}" for c in levels)
+    for model, s in summary.items():
+        lines += ["", f"## {model}", "", f"| server | {head} | mean ms @{one} | p50 ms @{top} | p99 ms @{top} | note |",
+                  "| --- " * (len(levels) + 5) + "|"]  # fmt: skip
+        for server, errors in s["errors"].items():
+            f, note = s["figures"].get(server), "; ".join(e.replace("|", "/") for e in errors)
+            if f is None:
+                cells = " | ".join(["-"] * (len(levels) + 3))
+            elif server == "inprocess":
+                cells = " | ".join(["-"] * len(levels)) + f" | {f['latency_ms']:.2f} (batch 1) | - | -"
+                note = f"limit {f['limit_rows_s']:,.0f} rows/s at batch {f['limit_batch']}" + (note and f"; {note}")
+            else:
+                cells = " | ".join(f"{f[c]['rows_s']:,.0f}" for c in levels)
+                cells += f" | {f[one]['mean_ms']:.2f} | {f[top]['p50_ms']:.2f} | {f[top]['p99_ms']:.2f}"
+            lines.append(f"| {server} | {cells} | {note} |")
+    return "\n".join([*lines, "", "![rows/s against callers](img/suite.png)", ""])
+
+
+def chart(summary: dict, levels: list[int], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.ticker import FuncFormatter, LogLocator
+    except ImportError:
+        print("no chart: matplotlib is missing (pip install matplotlib)", file=sys.stderr)
+        return
+    cols, lines = min(3, len(summary)), (len(summary) + 2) // 3
+    fig, axes = plt.subplots(lines, cols, figsize=(5 * cols, 3.8 * lines), squeeze=False)
+    for ax, (model, s) in zip(axes.flat, summary.items(), strict=False):
+        for server, f in s["figures"].items():
+            if server == "inprocess":
+                label = f"in-process limit (batch {f['limit_batch']})"
+                ax.axhline(f["limit_rows_s"], ls="--", color="gray", label=label)
+            else:
+                ax.plot(levels, [f[c]["rows_s"] for c in levels], marker="o", label=server)
+        values = [v for line in ax.get_lines() for v in line.get_ydata()] or [1]
+        wide = max(values) > 10 * min(values)  # a log scale where the figures span more than 10x
+        ax.set(title=model, xscale="log", yscale="log" if wide else "linear", xlabel="callers", ylabel="rows/s")
+        ax.minorticks_off()
+        ax.set_ylim(bottom=None if wide else 0)
+        if wide:
+            ax.yaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+        ax.set_xticks(levels, [str(c) for c in levels])
+        if s["figures"]:
+            ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(summary) :]:
+        ax.axis("off")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=80)
+
+
+def wait_quiet(emit, limit: int = 900) -> None:
+    """Until no other servex daemon or test run is on the machine (on a small machine they skew the figures)."""
+    for waited in range(0, limit, 5):
+        if not subprocess.run(["pgrep", "-f", "--", "-m server |pytest"], capture_output=True).stdout:
+            return
+        if not waited:
+            emit({"event": "waiting for other servex daemons or test runs to end"})
+        time.sleep(5)
+
+
+def measure_round(n: int, a, bases: dict[str, Path], levels: list[int], work: Path, emit) -> dict:
+    """One round: every model, every server, one after another. {model: {server: result}}."""
+    out: dict[str, dict] = {}
+    for model in a.model_list:
+        if "inprocess" in a.server_list:
+            signatures = {model: "serving_default", **({CLASSIFY: "classify"} if model == "wide_deep" else {})}
+            for name, signature in signatures.items():
+                wait_quiet(emit)
+                result = inprocess(model, bases[model], signature, a.seconds)
+                out.setdefault(name, {})["inprocess"] = emit(result, round=n, model=name, server="inprocess")
+        for server in [s for s in a.server_list if s != "inprocess"]:
+            say = functools.partial(emit, round=n, server=server)
+            wait_quiet(emit)
+            for name, result in serve(server, model, bases[model], a, levels, say, work).items():
+                out.setdefault(name, {})[server] = result
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--models", default=",".join(SUITE), help="wide_deep also measures wide_deep_classify")
+    ap.add_argument("--servers", default="inprocess,servex,kserve,mlserver")
+    ap.add_argument("--concurrency", default="1,8,32")
+    ap.add_argument("--models_dir", default=os.path.join(tempfile.gettempdir(), "suite"))
+    ap.add_argument("--peers_dir", default=os.environ.get("PEERS_DIR", "/tmp/servex-peers"))
+    ap.add_argument("--docs", default="docs", help="where performance-suite.md and img/suite.png go ('' for none)")
+    ap.add_argument("--servex_flag", action="append", default=[], help="an extra servex flag (repeatable)")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.child:
+        return inprocess_child(json.loads(a.child))
+    a.model_list, a.server_list = a.models.split(","), a.servers.split(",")
+    levels = sorted(int(c) for c in a.concurrency.split(","))
+    bases = export(Path(a.models_dir), a.model_list)
+    work = Path(tempfile.mkdtemp(prefix="bench-suite-"))
+
+    def emit(result: dict, **labels) -> dict:
+        print(json.dumps({**labels, **result}), flush=True)
+        return result
+
+    started = time.monotonic()
+    rounds = [measure_round(n, a, bases, levels, work, emit) for n in range(1, a.rounds + 1)]
+    models = [m for m in [*a.model_list, CLASSIFY] if any(m in r for r in rounds)]
+    summary = summarize(rounds, models, levels[-1], levels[0])
+    for model, s in summary.items():
+        print("\n".join(f"{model}: {label}: {verdict(model, k, s)}" for k, (label, _, _) in GOALS.items()))
+    if a.docs:
+        (docs := Path(a.docs)).mkdir(parents=True, exist_ok=True)
+        (docs / "performance-suite.md").write_text(markdown(summary, levels, a, time.monotonic() - started))
+        chart(summary, levels, docs / "img" / "suite.png")
+        print(f"wrote {docs / 'performance-suite.md'} and {docs / 'img' / 'suite.png'}")
+
+
+if __name__ == "__main__":
+    main()
