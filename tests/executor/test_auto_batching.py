@@ -58,15 +58,22 @@ def rows(n: int, value: float = 1.0) -> list[np.ndarray]:
     return [np.full((1, 3), value + i, np.float32) for i in range(n)]
 
 
-def test_a_graph_batches_once_its_first_batch_answered_as_its_requests_do_alone():
+def twice(executor, values):
+    """The same requests queued together twice, with automatic batching: both answers, and the runs the first
+    time took."""
     handler = RunHandler(1, batching=AUTO)
-    executor = Doubler()
-    values = rows(6)
     try:
         first = batched(handler, executor, values)
-        second = batched(handler, executor, values)
+        runs = len(executor.runs)
+        return first, batched(handler, executor, values), runs
     finally:
         handler.close()
+
+
+def test_a_graph_batches_once_its_first_batch_answered_as_its_requests_do_alone():
+    executor = Doubler()
+    values = rows(6)
+    first, second, _ = twice(executor, values)
     # First: the batch of 6, then its first requests alone to check; then a batch of 6 with no check.
     assert executor.runs == [6, *[1] * VERIFY_REQUESTS, 6]
     for results in (first, second):
@@ -75,15 +82,8 @@ def test_a_graph_batches_once_its_first_batch_answered_as_its_requests_do_alone(
 
 
 def test_a_graph_whose_rows_depend_on_each_other_never_batches_and_answers_as_alone():
-    handler = RunHandler(1, batching=AUTO)
     executor = MeanRemover()
-    values = rows(6)
-    try:
-        first = batched(handler, executor, values)
-        runs = len(executor.runs)
-        second = batched(handler, executor, values)
-    finally:
-        handler.close()
+    first, second, runs = twice(executor, rows(6))
     assert executor.runs[0] == 6 and set(executor.runs[1:]) == {1}
     assert executor.runs[runs:] == [1] * 6  # later requests run one by one
     for results in (first, second):
@@ -92,14 +92,9 @@ def test_a_graph_whose_rows_depend_on_each_other_never_batches_and_answers_as_al
 
 
 def test_a_graph_that_refuses_a_batch_its_requests_run_alone_in_stops_batching():
-    handler = RunHandler(1, batching=AUTO)
     executor = OneRowOnly()
     values = rows(4)
-    try:
-        first = batched(handler, executor, values)
-        second = batched(handler, executor, values)
-    finally:
-        handler.close()
+    first, second, _ = twice(executor, values)
     assert executor.runs == [1] * 8  # the refused batch never ran; each request alone, twice
     assert [a[0].tolist() for a in first] == [a[0].tolist() for a in second] == [(v * 2).tolist() for v in values]
 
