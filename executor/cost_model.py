@@ -158,11 +158,13 @@ class GraphCost:
         seen = self._seen(MIN_SAMPLES)
         if not seen:
             return self.choice
-        smallest = min(seen)
-        one_row = seen[smallest] * (1 << smallest)  # a run's time at the smallest size seen, about one row's
-        # With a band between the two thresholds, so that a run slowed now and then (the event loop took the core)
-        # does not flip the choice back and forth.
-        if self.choice.compute_bound:
+        # From one-row runs only (a larger batch's time says little of one row's where the call is the cost, and
+        # under load a run's wall time grows while the event loop takes the core); with a band between the two
+        # thresholds, so that runs slowed now and then do not flip the choice back and forth.
+        one_row = seen.get(0)
+        if one_row is None:
+            compute_bound = self.choice.compute_bound
+        elif self.choice.compute_bound:
             compute_bound = one_row >= COMPUTE_BOUND_SECONDS / 2
         else:
             compute_bound = one_row >= COMPUTE_BOUND_SECONDS

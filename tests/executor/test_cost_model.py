@@ -191,3 +191,13 @@ def test_noise_does_not_flip_the_choice():
         rows = int(rng.choice(SIZES))
         cost.observe(rows, (0.012 + 0.047 * rows) * rng.uniform(0.97, 1.03))
     assert cost.choice.compute_bound and len(changes) <= 3
+
+
+def test_only_one_row_runs_say_whether_a_graph_is_compute_bound():
+    # Under load a call-bound graph's batches take long in wall time (the event loop has the core meanwhile).
+    cost = GraphCost(max_batch_size=32, workers=2)
+    feed(cost, lambda rows: 0.0002 if rows == 1 else 0.003, (1, 8, 16))
+    assert not cost.choice.compute_bound
+    cost = GraphCost(max_batch_size=32, workers=2)
+    feed(cost, lambda rows: 0.003, (8, 16))  # no one-row run yet: nothing to say, the choice stays
+    assert not cost.choice.compute_bound and cost.choice.concurrency == 2
