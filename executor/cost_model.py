@@ -1,22 +1,25 @@
 """What the RunHandler learns of each client graph's runs while serving, and what it decides from it.
 
 With automatic batching (the default), every run of a batchable client graph reports its rows and seconds here.
-``GraphCost`` keeps, per batch-size bucket (1, 2-3, 4-7, 8-15, ...), a moving average of the run time per row, and
-from it chooses:
+``GraphCost`` keeps, per batch-size bucket (1, 2-3, 4-7, 8-15, ...), the time per row of the last ``WINDOW`` runs,
+and from their medians chooses:
 
-- **the kind of graph**: *compute-bound* when one row's run takes at least ``COMPUTE_BOUND_SECONDS`` (the
+- **the kind of graph** (from one-row runs): *compute-bound* when one row's run takes at least
+  ``COMPUTE_BOUND_SECONDS`` (the
   TensorFlow run is the cost: ResNet-50, an encoder), else *call-bound* (receiving, decoding and answering the call
   cost more than the run: a small MLP, an embedding lookup);
 - **how many runs of it go at once**: one for a compute-bound graph, which has every core through TensorFlow's
   intra-op pool (several at once would split the same cores and run each slower, while one batch of their rows
   runs faster); as many as there are run workers for a call-bound graph, whose runs barely use a core each;
-- **the largest batch**: the knee of the measured curve, the smallest batch size whose time per row is within
-  ``KNEE_TOLERANCE`` of the best size seen. Larger batches would hold more memory and make each caller wait longer
-  for little more throughput. Until a bucket has been seen, the configured maximum stands; once a knee is chosen,
-  every ``EXPLORE_EVERY``-th batch may be twice as large, so that a curve that changes (another input size,
-  another load on the machine) is seen again.
+- **the largest batch**: the maximum for a call-bound graph; for a compute-bound one the knee of the measured
+  curve, the smallest batch size whose time per row is within ``KNEE_TOLERANCE`` of the best size seen. Larger
+  batches would hold more memory and make each caller wait longer for little more throughput. Until a bucket has
+  been seen, the configured maximum stands; once a knee is chosen, every ``EXPLORE_EVERY``-th batch may take the
+  next bucket up, so that a curve that changes (another input size, another load on the machine) is seen again.
+  A new limit is taken once ``CONFIRMATIONS`` decisions in a row proposed it.
 
-The choices are re-made every ``DECIDE_EVERY`` runs; a change is logged and shown in ``servex_scheduler_*`` gauges.
+The first choice is made after ``MIN_SAMPLES`` runs, then every ``DECIDE_EVERY``; a change is logged and shown in
+``servex_scheduler_*`` gauges.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ CONFIRMATIONS = 3  # decisions in a row that must propose a new batch limit befo
 WINDOW = 16  # runs of each bucket whose median counts (a median: one run slowed by another thread is not news)
 MIN_SAMPLES = 3  # runs a bucket needs before it counts
 DECIDE_EVERY = 8  # runs between two decisions
-EXPLORE_EVERY = 16  # with a knee below the maximum, every 16th batch may be twice the knee
+EXPLORE_EVERY = 16  # with a knee below the maximum, every 16th batch may take the next bucket up
 VERIFY_REQUESTS = 4  # requests of the first batch that are also run one by one to check batching's answers
 
 
@@ -194,7 +197,7 @@ class GraphCost:
         return max(seen) >= bucket(self.max_batch_size)
 
     def batch_limit(self) -> int:
-        """The rows the next batch may take: the choice's limit, twice it on every ``EXPLORE_EVERY``-th batch."""
+        """The rows the next batch may take: the choice's limit, the next bucket's on every ``EXPLORE_EVERY``-th."""
         limit = self.choice.batch_limit
         if limit >= self.max_batch_size:
             return limit

@@ -111,6 +111,16 @@ class _Item:
         self.cost: GraphCost | None = cost  # automatic batching: what is learned of its client graph
 
 
+class _Costs:
+    """One executor's GraphCosts by (feeds, fetches, pin), and the gauge labels they were shown under."""
+
+    __slots__ = ("graphs", "labels")
+
+    def __init__(self):
+        self.graphs: dict[tuple, GraphCost] = {}
+        self.labels: set[tuple[str, str, str]] = set()
+
+
 class RunHandler:
     def __init__(
         self,
@@ -215,16 +225,14 @@ class RunHandler:
         """The GraphCost of ``executor``'s client graph that ``key`` (a batch key) runs, made on first use."""
         costs = self._costs.get(executor)
         if costs is None:
-            costs = self._costs.setdefault(executor, {})
-            shown: set[tuple[str, str, str]] = set()
-            weakref.finalize(executor, forget_choices, shown)  # the version unloaded: its gauges go
-            costs[None] = shown
+            costs = self._costs.setdefault(executor, _Costs())
+            weakref.finalize(executor, forget_choices, costs.labels)  # the version unloaded: its gauges go
         graph = key[1:4]  # feeds, fetches, pin: one client graph whatever its inputs' shapes
-        cost = costs.get(graph)
+        cost = costs.graphs.get(graph)
         if cost is None:
             model, version, signature = labels = ticket.labels
             name = f"{signature or ','.join(key[1])!r} of model {model!r} version {version}"
-            costs[None].add(labels)
+            costs.labels.add(labels)
             cost = GraphCost(
                 batching.max_batch_size,
                 self.num_workers,
@@ -232,7 +240,7 @@ class RunHandler:
                 name,
                 lambda choice: show_choice(labels, choice),
             )
-            cost = costs.setdefault(graph, cost)
+            cost = costs.graphs.setdefault(graph, cost)
             show_choice(labels, cost.choice)
         return cost
 
@@ -587,8 +595,8 @@ class RunHandler:
         cost = first.cost
         unbatched = first.batch_key in self._unbatchable or (cost is not None and cost.verified is False)
         if len(batch) == 1 and size == total or unbatched:  # nothing to merge, pad or split: each its own run
-            for item in batch:
-                self._run_alone(item, executor, fetches, pin, started, held)
+            for i, item in enumerate(batch):
+                self._run_alone(item, executor, fetches, pin, time.monotonic() if i else started, held)
             return
         try:
             feeds = {}

@@ -118,7 +118,7 @@ def test_a_batch_refused_for_one_callers_bad_input_keeps_the_graph_batching():
         handler.close()
     np.testing.assert_array_equal(good[0], values[0] * 2)
     assert isinstance(bad, InvalidArgument) and "expected shape [1,3], got [2, 3]" in str(bad)
-    (cost,) = [c for key, c in handler._costs[executor].items() if key is not None]
+    (cost,) = handler._costs[executor].graphs.values()
     assert cost.verified is None  # not judged on one caller's bad input: the graph may still batch
 
 
