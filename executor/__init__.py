@@ -8,7 +8,7 @@ It depends on `loader/` for loaded SavedModels and errors, and on `transfer/` fo
 knows nothing of protocols.
 """
 
-from executor.graph_executor import GraphExecutor, LoadedClientGraph, client_graph_key
-from executor.run_handler import RunHandler
+from servex.executor.graph_executor import GraphExecutor, LoadedClientGraph, client_graph_key
+from servex.executor.run_handler import RunHandler
 
 __all__ = ["GraphExecutor", "LoadedClientGraph", "RunHandler", "client_graph_key"]

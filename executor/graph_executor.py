@@ -23,16 +23,15 @@ from dataclasses import dataclass
 
 import numpy as np
 import tensorflow as tf
+from servex.executor.cost_model import ThreadModeChooser
+from servex.executor.metrics import CacheMetrics
+from servex.executor.op_policy import OpPolicy
+from servex.loader.errors import InvalidArgument, ServingError, error_with_code
+from servex.loader.saved_model import SavedModelVersion, shape_matches, shape_text, walk
+from servex.loader.variables import PREPARE_POOL
+from servex.transfer import H2DTransferExecutorFactory, make_factory
 from tensorflow.core.framework import types_pb2
 from tensorflow.core.protobuf import config_pb2
-
-from executor.cost_model import ThreadModeChooser
-from executor.metrics import CacheMetrics
-from executor.op_policy import OpPolicy
-from loader.errors import InvalidArgument, ServingError, error_with_code
-from loader.saved_model import SavedModelVersion, shape_matches, shape_text, walk
-from loader.variables import PREPARE_POOL
-from transfer import H2DTransferExecutorFactory, make_factory
 
 log = logging.getLogger(__name__)
 

@@ -6,9 +6,8 @@ import os
 from collections.abc import Callable
 
 from prometheus_client import Counter, Gauge, Histogram
-
-from executor.statistics import statistics
-from loader.variables import VariableHooks, VariableStore
+from servex.executor.statistics import statistics
+from servex.loader.variables import VariableHooks, VariableStore
 
 LABELS = ["model", "version"]
 

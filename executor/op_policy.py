@@ -23,10 +23,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from servex.loader.errors import PermissionDenied
+from servex.loader.saved_model import walk
 from tensorflow.python.framework import op_def_registry
-
-from loader.errors import PermissionDenied
-from loader.saved_model import walk
 
 # Ops that change state every client of the model shares, or read, write or list files. Grouped by what they do;
 # TensorFlow 2.21's op registry was the source (a test checks that every optimizer, scatter and assign op it

@@ -45,12 +45,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
 import numpy as np
-
-from executor.answers import Held, Outbox
-from executor.batching import BatchingOptions, PaddedBatch, batch_rows, pad_to_common_shape, string_bytes
-from executor.cost_model import VERIFY_REQUESTS, GraphCost, answers_agree
-from executor.metrics import SCHEDULER_THREADS, RunMetrics, forget_choices, show_choice
-from loader.errors import ResourceExhausted, ServingError
+from servex.executor.answers import Held, Outbox
+from servex.executor.batching import BatchingOptions, PaddedBatch, batch_rows, pad_to_common_shape, string_bytes
+from servex.executor.cost_model import VERIFY_REQUESTS, GraphCost, answers_agree
+from servex.executor.metrics import SCHEDULER_THREADS, RunMetrics, forget_choices, show_choice
+from servex.loader.errors import ResourceExhausted, ServingError
 
 log = logging.getLogger(__name__)
 

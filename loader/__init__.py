@@ -7,10 +7,10 @@ layout of numbered version folders under a model's base path, Triton model repos
 layer raises. It imports neither `server/` nor `executor/`.
 """
 
-from loader.errors import InvalidArgument, LoadError, NotFound, PermissionDenied, ServingError
-from loader.manager import ModelManager, ServedVersion
-from loader.saved_model import SavedModelVersion, Signature, TensorSpec, load_saved_model
-from loader.versions import latest_version, list_versions
+from servex.loader.errors import InvalidArgument, LoadError, NotFound, PermissionDenied, ServingError
+from servex.loader.manager import ModelManager, ServedVersion
+from servex.loader.saved_model import SavedModelVersion, Signature, TensorSpec, load_saved_model
+from servex.loader.versions import latest_version, list_versions
 
 __all__ = [
     "InvalidArgument",

@@ -26,9 +26,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from loader.config import ModelSpec
-from loader.errors import FailedPrecondition, InvalidArgument, LoadError, NotFound, ServingError, Unavailable
-from loader.versions import list_versions
+from servex.loader.config import ModelSpec
+from servex.loader.errors import FailedPrecondition, InvalidArgument, LoadError, NotFound, ServingError, Unavailable
+from servex.loader.versions import list_versions
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ misspelt field is an error, as in Triton). What servex takes from it:
 - ``version_policy``: latest N (default 1), all, specific;
 - ``max_batch_size``, ``input``, ``output``, ``dynamic_batching``: checked against the SavedModel's
   ``serving_default`` signature when a version loads, the model's contract, and batching per model
-  (server/v2_config.py);
+  (server/protocols/kserve/v2_config.py);
 - ``parameters`` ``TF_SIGNATURE_DEF`` and ``TF_GRAPH_TAG``: only their defaults (``serving_default``, ``serve``).
 
 Sequence batching, ensembles and batch inputs/outputs are refused (REFUSED); fields that change nothing in servex
@@ -30,10 +30,9 @@ import os
 from dataclasses import dataclass
 
 from google.protobuf import text_format
-
-from loader.config import ModelSpec, VersionPolicy
-from loader.errors import InvalidArgument
-from protos.inference import model_config_module
+from servex.loader.config import ModelSpec, VersionPolicy
+from servex.loader.errors import InvalidArgument
+from servex.protos.inference import model_config_module
 
 CONFIG_FILE = "config.pbtxt"
 DEFAULT_MODEL_FILENAME = "model.savedmodel"

@@ -26,8 +26,7 @@ from functools import partial
 
 import numpy as np
 import tensorflow as tf
-
-from loader.errors import InvalidArgument, NotFound, ServingError, error_with_code
+from servex.loader.errors import InvalidArgument, NotFound, ServingError, error_with_code
 
 log = logging.getLogger(__name__)
 

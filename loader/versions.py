@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from loader.errors import LoadError
+from servex.loader.errors import LoadError
 
 MAX_VERSION = 2**63 - 1  # versions are int64 in TensorFlow Serving's and KServe's protos
 

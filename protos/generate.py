@@ -1,6 +1,9 @@
 """Regenerate the Python modules of servex's .proto files (run after editing one; a test checks they are current).
 
-    python -m protos.generate [OUT_DIR]   (default: the repository root, so modules land beside their .proto)
+    python -m servex.protos.generate [OUT_DIR]   (default: the repository root, so modules land beside their .proto)
+
+protoc sees the sources as ``servex/protos/...`` (a temporary tree whose ``servex/protos`` is this folder), so the
+generated modules import each other through the installed package: ``from servex.protos.inference import ...``.
 
 TensorFlow's .proto sources are not in its wheel, so the imports (tensorflow/core/framework/tensor.proto) are
 resolved from the descriptors compiled into the installed TensorFlow modules, passed to protoc as a descriptor set.
@@ -8,6 +11,7 @@ resolved from the descriptors compiled into the installed TensorFlow modules, pa
 
 from __future__ import annotations
 
+import shutil
 import sys
 import tempfile
 from importlib import resources
@@ -43,13 +47,22 @@ def _dependency_set() -> descriptor_pb2.FileDescriptorSet:
 
 def generate(out_dir: Path) -> None:
     with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "src"
+        (root / "servex").mkdir(parents=True)
+        (root / "servex" / "protos").symlink_to(REPO / "protos", target_is_directory=True)
+        generated = Path(tmp) / "out"
+        generated.mkdir()
         deps = Path(tmp) / "deps.pb"
         deps.write_bytes(_dependency_set().SerializeToString())
         well_known = resources.files("grpc_tools") / "_proto"
-        args = ["protoc", f"-I{REPO}", f"-I{well_known}", f"--descriptor_set_in={deps}", f"--python_out={out_dir}",
-                f"--grpc_python_out={out_dir}", *PROTOS]  # fmt: skip
+        args = ["protoc", f"-I{root}", f"-I{well_known}", f"--descriptor_set_in={deps}", f"--python_out={generated}",
+                f"--grpc_python_out={generated}", *(f"servex/{proto}" for proto in PROTOS)]  # fmt: skip
         if protoc.main(args) != 0:
             raise SystemExit(f"protoc failed on {PROTOS}")
+        for module in (generated / "servex").rglob("*.py"):
+            target = out_dir / module.relative_to(generated / "servex")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(module, target)
 
 
 if __name__ == "__main__":

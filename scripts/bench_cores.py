@@ -46,7 +46,7 @@ def infer_request(model) -> service_pb2.ModelInferRequest:
 def one_caller(cpus: str, base: Path, model, requests: int, log: Path) -> float:
     """servex under ``taskset -c cpus``: one caller's mean latency in ms."""
     port = free_port()
-    cmd = ["taskset", "-c", cpus, sys.executable, "-m", "server", f"--model_name={model.name}",
+    cmd = ["taskset", "-c", cpus, sys.executable, "-m", "servex.server", f"--model_name={model.name}",
            f"--model_base_path={base}", f"--port={port}", "--rest_api_port=0", "--metrics_port=0",
            "--bind_address=127.0.0.1"]  # fmt: skip
     with open(log, "wb") as out:

@@ -41,13 +41,12 @@ def serve(mode: str, port: int, model_dir: str) -> None:
     """One rung (listeners, handoff or tf) as a gRPC server on ``port``, until killed."""
     import grpc
     import numpy as np
-
-    from executor.run_handler import RunHandler, Ticket
-    from loader.config import ModelSpec
-    from protos.inference import grpc_service_pb2 as pb
-    from server.app import make_manager
-    from server.listeners import ListenerGroup
-    from server.settings import ServerSettings
+    from servex.executor.run_handler import RunHandler, Ticket
+    from servex.loader.config import ModelSpec
+    from servex.protos.inference import grpc_service_pb2 as pb
+    from servex.server.app import make_manager
+    from servex.server.config.settings import ServerSettings
+    from servex.server.transport.listeners import ListenerGroup
 
     settings = ServerSettings()
     answer = pb.ModelInferResponse(model_name="mlp")
@@ -97,13 +96,12 @@ def in_process(model_dir: str, rounds: int = 7, requests: int = 19_200) -> None:
 
     import numpy as np
     from grpc_health.v1 import health
-
-    from executor.run_handler import BatchingOptions, RunHandler
-    from protos.inference import grpc_service_pb2 as pb
-    from server import kserve
-    from server.app import Lifecycle, initial_specs, make_manager
-    from server.core import ServingCore
-    from server.settings import ServerSettings
+    from servex.executor.run_handler import BatchingOptions, RunHandler
+    from servex.protos.inference import grpc_service_pb2 as pb
+    from servex.server.app import Lifecycle, initial_specs, make_manager
+    from servex.server.config.settings import ServerSettings
+    from servex.server.core import ServingCore
+    from servex.server.protocols.kserve import grpc_api as kserve
 
     class Context:  # what the rpc wrapper reads of a call: no metadata, no deadline
         def invocation_metadata(self):

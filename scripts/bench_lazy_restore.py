@@ -93,7 +93,7 @@ def measure(base: Path, model: str, flags: list[str], cold_req, hot_req=None, co
     if cold_disk:
         drop_model_files_from_page_cache()
     port = free_port()
-    cmd = [sys.executable, "-m", "server", f"--port={port}", "--metrics_port=0", "--rest_api_port=0",
+    cmd = [sys.executable, "-m", "servex.server", f"--port={port}", "--metrics_port=0", "--rest_api_port=0",
            "--bind_address=127.0.0.1", f"--model_base_path={base}", f"--model_name={model}", *flags]  # fmt: skip
     start = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

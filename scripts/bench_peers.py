@@ -53,7 +53,7 @@ def free_port() -> int:
 def servers(work: Path, peers: Path) -> dict[str, callable]:
     """name -> (grpc_port -> command line)."""
     model = work / "mlp"
-    servex = [sys.executable, "-m", "server", "--model_name=mlp", f"--model_base_path={model}",
+    servex = [sys.executable, "-m", "servex.server", "--model_name=mlp", f"--model_base_path={model}",
               "--rest_api_port=0", "--metrics_port=0", "--bind_address=127.0.0.1"]  # fmt: skip
     return {
         "servex": lambda port: [*servex, f"--port={port}"],

@@ -62,7 +62,7 @@ def main() -> None:
     for round_ in range(1, a.rounds + 1):
         for name, args in commands.items():
             log = open(work / f"{name}.log", "w")
-            proc = subprocess.Popen([sys.executable, "-m", "server", *args], cwd=REPO, stdout=log, stderr=log)
+            proc = subprocess.Popen([sys.executable, "-m", "servex.server", *args], cwd=REPO, stdout=log, stderr=log)
             deadline = time.monotonic() + 180
             while "servex ready" not in (work / f"{name}.log").read_text() and time.monotonic() < deadline:
                 time.sleep(0.5)

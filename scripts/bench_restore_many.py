@@ -37,9 +37,8 @@ tf.saved_model.save(module, sys.argv[1], signatures={"serving_default": module.f
 def child(path: str, lazy: bool) -> dict:
     sys.path.insert(0, str(REPO))
     import numpy as np
-
-    from executor import GraphExecutor
-    from loader import load_saved_model
+    from servex.executor import GraphExecutor
+    from servex.loader import load_saved_model
 
     start = time.perf_counter()
     model = load_saved_model(path, lazy_restore=lazy)

@@ -121,7 +121,7 @@ def inprocess(model: str, base: Path, signature: str, seconds: int) -> dict:
 
 def command(server: str, model: str, base: Path, port: int, a) -> list[str]:
     if server == "servex":
-        return [str(PY), "-m", "server", f"--model_name={model}", f"--model_base_path={base}", f"--port={port}",
+        return [str(PY), "-m", "servex.server", f"--model_name={model}", f"--model_base_path={base}", f"--port={port}",
                 "--rest_api_port=0", "--metrics_port=0", "--bind_address=127.0.0.1", *a.servex_flag]  # fmt: skip
     if server == "kserve":
         python = Path(a.peers_dir) / "kserve" / "bin" / "python"

@@ -18,35 +18,35 @@ import grpc
 import tensorflow as tf
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from servex.executor import GraphExecutor, RunHandler
+from servex.executor.metrics import CacheMetrics, VariableMetrics
+from servex.loader import ModelManager, load_saved_model
+from servex.loader.config import ModelSpec, parse_model_config
+from servex.loader.errors import InvalidArgument, ServingError
+from servex.loader.model_repository import read_repositories
+from servex.protos.servex.v1 import graph_executor_pb2, graph_executor_pb2_grpc, variables_pb2_grpc
+from servex.server.affinity import LoopPin
+from servex.server.config.batching import batching_options, per_model_batching
+from servex.server.config.settings import ServerSettings
+from servex.server.core import ServingCore
+from servex.server.cores import usable_cores
+from servex.server.observability.metrics import model_load, register_triton_names, start_metrics_server, watch_loop_lag
+from servex.server.protocols.kserve import v2_config
+from servex.server.protocols.kserve.repository import ModelRepository
+from servex.server.protocols.servex.admin import BearerTokenInterceptor, VariableService
+from servex.server.protocols.servex.graph_service import GraphExecutorService
+from servex.server.protocols.tfserving.grpc_api import ModelService, PredictionService, SessionService
+from servex.server.transport import tls
+from servex.server.transport.http import RestServer
+from servex.server.transport.listeners import ListenerGroup, refuse_if_served
+from servex.server.warmup import Warmup
+from servex.transfer import DeviceError, make_factory
 from tensorflow_serving.apis import (
     model_service_pb2,
     model_service_pb2_grpc,
     prediction_service_pb2,
     prediction_service_pb2_grpc,
 )
-
-from executor import GraphExecutor, RunHandler
-from executor.metrics import CacheMetrics, VariableMetrics
-from loader import ModelManager, load_saved_model
-from loader.config import ModelSpec, parse_model_config
-from loader.errors import InvalidArgument, ServingError
-from loader.model_repository import read_repositories
-from protos.servex.v1 import graph_executor_pb2, graph_executor_pb2_grpc, variables_pb2_grpc
-from server import tls, v2_config
-from server.admin import BearerTokenInterceptor, VariableService
-from server.affinity import LoopPin
-from server.batching_config import batching_options, per_model_batching
-from server.core import ServingCore
-from server.cores import usable_cores
-from server.graph_service import GraphExecutorService
-from server.listeners import ListenerGroup, refuse_if_served
-from server.metrics import model_load, register_triton_names, start_metrics_server, watch_loop_lag
-from server.repository import ModelRepository
-from server.rest import RestServer
-from server.settings import ServerSettings
-from server.tfserving import ModelService, PredictionService, SessionService
-from server.warmup import Warmup
-from transfer import DeviceError, make_factory
 
 log = logging.getLogger("servex")
 
@@ -178,7 +178,9 @@ def start_admin_server(
     server = grpc.aio.server(options=options, interceptors=interceptors)
     variables_pb2_grpc.add_VariableServiceServicer_to_server(VariableService(core, settings.max_message_bytes), server)
     if repository is not None:
-        from server import kserve  # not at module level: see server/kserve.py
+        from servex.server.protocols.kserve import (
+            grpc_api as kserve,  # not at module level: see server/protocols/kserve/grpc_api.py
+        )
 
         kserve.add_repository_to_server(core, repository, server)
     address = f"{settings.admin_bind_address}:{settings.admin_port}"
@@ -422,7 +424,9 @@ async def serve(settings: ServerSettings) -> int:
     graph_executor_pb2_grpc.add_GraphExecutorServicer_to_server(
         GraphExecutorService(core, settings.max_message_bytes), server
     )
-    from server import kserve  # not at module level: its inference.* protos clash with tritonclient's in one process
+    from servex.server.protocols.kserve import (
+        grpc_api as kserve,  # not at module level: its inference.* protos clash with tritonclient's in one process
+    )
 
     health_servicer = health.aio.HealthServicer()
     lifecycle = Lifecycle(manager, health_servicer, settings)

@@ -12,8 +12,10 @@ import signal
 import sys
 from typing import NamedTuple
 
-from server import affinity, tfserving_flags, tls, triton_flags
-from server.settings import DEMO_MODEL_NAME, ServerSettings
+from servex.server import affinity
+from servex.server.config import tfserving_flags, triton_flags
+from servex.server.config.settings import DEMO_MODEL_NAME, ServerSettings
+from servex.server.transport import tls
 
 
 def _bool(text: str) -> bool:
@@ -585,7 +587,7 @@ def main(argv: list[str] | None = None) -> None:
     # line per failed TLS handshake, so any client could fill the log (40,449 lines in a 10-minute soak).
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     if settings.serving_processes > 1:
-        from server.supervisor import supervise  # no TensorFlow in the supervisor
+        from servex.server.supervisor import supervise  # no TensorFlow in the supervisor
 
         sys.exit(supervise(settings, sys.argv[1:] if argv is None else argv))
     # Until the server takes SIGTERM/SIGINT over (to drain), one stops the process at once: nothing is served yet,
@@ -593,7 +595,7 @@ def main(argv: list[str] | None = None) -> None:
     # mid-import, which a process group's supervisor then reported as a failure).
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _stop_before_serving)
-    from server.app import run  # imports TensorFlow
+    from servex.server.app import run  # imports TensorFlow
 
     sys.exit(run(settings))
 

@@ -16,15 +16,14 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
-
-from executor import GraphExecutor, RunHandler, client_graph_key
-from executor.run_handler import Ticket
-from loader.errors import FailedPrecondition, InvalidArgument, ServingError
-from loader.manager import ModelManager, ServedVersion
-from loader.saved_model import Signature, TensorSpec, shape_matches, shape_text
-from server.shared_memory import SharedMemoryRegistry
-from server.tensors import dtype_name
-from server.v2_settings import LogSettings
+from servex.executor import GraphExecutor, RunHandler, client_graph_key
+from servex.executor.run_handler import Ticket
+from servex.loader.errors import FailedPrecondition, InvalidArgument, ServingError
+from servex.loader.manager import ModelManager, ServedVersion
+from servex.loader.saved_model import Signature, TensorSpec, shape_matches, shape_text
+from servex.server.protocols.kserve.shared_memory import SharedMemoryRegistry
+from servex.server.protocols.kserve.v2_settings import LogSettings
+from servex.server.protocols.tfserving.tensors import dtype_name
 
 DEFAULT_SIGNATURE = "serving_default"
 MAX_GRAPH_LABELS = 64  # distinct graph-name metric labels per model
@@ -137,7 +136,8 @@ class ServingCore:
         # Set once the models of the start-up config have loaded (or failed): the ports serve before that.
         self.started = False
         self.strict_readiness = False  # ready only while every configured model serves (see ready)
-        # The model repository extension where the inference ports serve it (server/repository.py), else None
+        # The model repository extension where the inference ports serve it (server/protocols/kserve/repository.py),
+        # else None
         self.model_repository = None
         self.log_settings = LogSettings()  # Triton's log settings, every protocol's (the app sets the group size)
 

@@ -26,9 +26,9 @@ import sys
 import tempfile
 import time
 
-from server.affinity import group_index
-from server.listeners import refuse_if_served, refuse_if_taken
-from server.settings import ServerSettings
+from servex.server.affinity import group_index
+from servex.server.config.settings import ServerSettings
+from servex.server.transport.listeners import refuse_if_served, refuse_if_taken
 
 log = logging.getLogger("servex.supervisor")
 
@@ -39,7 +39,7 @@ def supervise(settings: ServerSettings, argv: list[str]) -> int:
     n = settings.serving_processes
     metrics_dir = tempfile.mkdtemp(prefix="servex-metrics-")
     env = dict(os.environ, PROMETHEUS_MULTIPROC_DIR=metrics_dir)
-    command = [sys.executable, "-m", "server", *argv, "--serving_processes=1", f"--process_group_size={n}",
+    command = [sys.executable, "-m", "servex.server", *argv, "--serving_processes=1", f"--process_group_size={n}",
                "--metrics_port=0"]  # fmt: skip
     stopping = 0  # the signal the group was stopped with
     children: list[subprocess.Popen] = []

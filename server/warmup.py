@@ -18,14 +18,13 @@ import concurrent.futures
 import logging
 import time
 
+from servex.executor import GraphExecutor, RunHandler
+from servex.loader import LoadError, ServedVersion, ServingError
+from servex.loader.manager import AVAILABLE
+from servex.loader.warmup_records import read_warmup_records
+from servex.server.core import REQUEST, RequestInfo, ServingCore
+from servex.server.protocols.tfserving import examples, tensors
 from tensorflow_serving.apis import prediction_log_pb2
-
-from executor import GraphExecutor, RunHandler
-from loader import LoadError, ServedVersion, ServingError
-from loader.manager import AVAILABLE
-from loader.warmup_records import read_warmup_records
-from server import examples, tensors
-from server.core import REQUEST, RequestInfo, ServingCore
 
 log = logging.getLogger("servex.warmup")
 

@@ -5,8 +5,8 @@ Owns the H2DTransferExecutor interface, the registry of factories keyed by devic
 imported only when a GPU factory is made, and the transfer metrics. It imports neither `server/` nor `executor/`.
 """
 
-from transfer import cpu  # noqa: F401  (registers the "cpu" factory)
-from transfer.base import (
+from servex.transfer import cpu  # noqa: F401  (registers the "cpu" factory)
+from servex.transfer.base import (
     DeviceError,
     H2DTransferExecutor,
     H2DTransferExecutorFactory,
@@ -17,7 +17,7 @@ from transfer.base import (
 
 
 def _make_gpu_factory(index: int) -> H2DTransferExecutorFactory:
-    from transfer.cupy_gpu import CupyTransferExecutorFactory  # CuPy itself is imported only here, lazily
+    from servex.transfer.cupy_gpu import CupyTransferExecutorFactory  # CuPy itself is imported only here, lazily
 
     return CupyTransferExecutorFactory(index)
 

@@ -20,9 +20,8 @@ import time
 from collections.abc import Sequence
 
 import numpy as np
-
-from transfer.base import H2DTransferExecutor, H2DTransferExecutorFactory, TransferFuture, register_factory
-from transfer.metrics import TransferMetrics
+from servex.transfer.base import H2DTransferExecutor, H2DTransferExecutorFactory, TransferFuture, register_factory
+from servex.transfer.metrics import TransferMetrics
 
 # EIGEN_MAX_ALIGN_BYTES of TensorFlow's x86-64 builds: TF_NewTensor copies a buffer not aligned to it.
 ALIGNMENT = 64

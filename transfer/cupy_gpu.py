@@ -40,11 +40,10 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-
-from transfer.base import DeviceError, H2DTransferExecutor, H2DTransferExecutorFactory, TransferFuture
-from transfer.cpu import to_tensorflow_layout
-from transfer.metrics import TransferMetrics
-from transfer.staging import StagingBuffer, StagingPool, layout, stage
+from servex.transfer.base import DeviceError, H2DTransferExecutor, H2DTransferExecutorFactory, TransferFuture
+from servex.transfer.cpu import to_tensorflow_layout
+from servex.transfer.metrics import TransferMetrics
+from servex.transfer.staging import StagingBuffer, StagingPool, layout, stage
 
 log = logging.getLogger(__name__)
 

@@ -17,6 +17,6 @@ def model_config_module():
     loaded = sys.modules.get("tritonclient.grpc.model_config_pb2")
     if loaded is not None:
         return loaded
-    from protos.inference import model_config_pb2
+    from servex.protos.inference import model_config_pb2
 
     return model_config_pb2

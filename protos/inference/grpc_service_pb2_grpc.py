@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from protos.inference import grpc_service_pb2 as protos_dot_inference_dot_grpc__service__pb2
+from servex.protos.inference import grpc_service_pb2 as servex_dot_protos_dot_inference_dot_grpc__service__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in protos/inference/grpc_service_pb2_grpc.py depends on'
+        + ' but the generated code in servex/protos/inference/grpc_service_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,103 +36,103 @@ class GRPCInferenceServiceStub:
         """
         self.ServerLive = channel.unary_unary(
                 '/inference.GRPCInferenceService/ServerLive',
-                request_serializer=protos_dot_inference_dot_grpc__service__pb2.ServerLiveRequest.SerializeToString,
-                response_deserializer=protos_dot_inference_dot_grpc__service__pb2.ServerLiveResponse.FromString,
+                request_serializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.ServerLiveRequest.SerializeToString,
+                response_deserializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.ServerLiveResponse.FromString,
                 _registered_method=True)
         self.ServerReady = channel.unary_unary(
                 '/inference.GRPCInferenceService/ServerReady',
-                request_serializer=protos_dot_inference_dot_grpc__service__pb2.ServerReadyRequest.SerializeToString,
-                response_deserializer=protos_dot_inference_dot_grpc__service__pb2.ServerReadyResponse.FromString,
+                request_serializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.ServerReadyRequest.SerializeToString,
+                response_deserializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.ServerReadyResponse.FromString,
                 _registered_method=True)
         self.ModelReady = channel.unary_unary(
                 '/inference.GRPCInferenceService/ModelReady',
-                request_serializer=protos_dot_inference_dot_grpc__service__pb2.ModelReadyRequest.SerializeToString,
-                response_deserializer=protos_dot_inference_dot_grpc__service__pb2.ModelReadyResponse.FromString,
+                request_serializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.ModelReadyRequest.SerializeToString,
+                response_deserializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.ModelReadyResponse.FromString,
                 _registered_method=True)
         self.ServerMetadata = channel.unary_unary(
                 '/inference.GRPCInferenceService/ServerMetadata',
-                request_serializer=protos_dot_inference_dot_grpc__service__pb2.ServerMetadataRequest.SerializeToString,
-                response_deserializer=protos_dot_inference_dot_grpc__service__pb2.ServerMetadataResponse.FromString,
+                request_serializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.ServerMetadataRequest.SerializeToString,
+                response_deserializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.ServerMetadataResponse.FromString,
                 _registered_method=True)
         self.ModelMetadata = channel.unary_unary(
                 '/inference.GRPCInferenceService/ModelMetadata',
-                request_serializer=protos_dot_inference_dot_grpc__service__pb2.ModelMetadataRequest.SerializeToString,
-                response_deserializer=protos_dot_inference_dot_grpc__service__pb2.ModelMetadataResponse.FromString,
+                request_serializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.ModelMetadataRequest.SerializeToString,
+                response_deserializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.ModelMetadataResponse.FromString,
                 _registered_method=True)
         self.ModelConfig = channel.unary_unary(
                 '/inference.GRPCInferenceService/ModelConfig',
-                request_serializer=protos_dot_inference_dot_grpc__service__pb2.ModelConfigRequest.SerializeToString,
-                response_deserializer=protos_dot_inference_dot_grpc__service__pb2.ModelConfigResponse.FromString,
+                request_serializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.ModelConfigRequest.SerializeToString,
+                response_deserializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.ModelConfigResponse.FromString,
                 _registered_method=True)
         self.ModelStatistics = channel.unary_unary(
                 '/inference.GRPCInferenceService/ModelStatistics',
-                request_serializer=protos_dot_inference_dot_grpc__service__pb2.ModelStatisticsRequest.SerializeToString,
-                response_deserializer=protos_dot_inference_dot_grpc__service__pb2.ModelStatisticsResponse.FromString,
+                request_serializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.ModelStatisticsRequest.SerializeToString,
+                response_deserializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.ModelStatisticsResponse.FromString,
                 _registered_method=True)
         self.ModelInfer = channel.unary_unary(
                 '/inference.GRPCInferenceService/ModelInfer',
-                request_serializer=protos_dot_inference_dot_grpc__service__pb2.ModelInferRequest.SerializeToString,
-                response_deserializer=protos_dot_inference_dot_grpc__service__pb2.ModelInferResponse.FromString,
+                request_serializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.ModelInferRequest.SerializeToString,
+                response_deserializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.ModelInferResponse.FromString,
                 _registered_method=True)
         self.ModelStreamInfer = channel.stream_stream(
                 '/inference.GRPCInferenceService/ModelStreamInfer',
-                request_serializer=protos_dot_inference_dot_grpc__service__pb2.ModelInferRequest.SerializeToString,
-                response_deserializer=protos_dot_inference_dot_grpc__service__pb2.ModelStreamInferResponse.FromString,
+                request_serializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.ModelInferRequest.SerializeToString,
+                response_deserializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.ModelStreamInferResponse.FromString,
                 _registered_method=True)
         self.SystemSharedMemoryStatus = channel.unary_unary(
                 '/inference.GRPCInferenceService/SystemSharedMemoryStatus',
-                request_serializer=protos_dot_inference_dot_grpc__service__pb2.SystemSharedMemoryStatusRequest.SerializeToString,
-                response_deserializer=protos_dot_inference_dot_grpc__service__pb2.SystemSharedMemoryStatusResponse.FromString,
+                request_serializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.SystemSharedMemoryStatusRequest.SerializeToString,
+                response_deserializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.SystemSharedMemoryStatusResponse.FromString,
                 _registered_method=True)
         self.SystemSharedMemoryRegister = channel.unary_unary(
                 '/inference.GRPCInferenceService/SystemSharedMemoryRegister',
-                request_serializer=protos_dot_inference_dot_grpc__service__pb2.SystemSharedMemoryRegisterRequest.SerializeToString,
-                response_deserializer=protos_dot_inference_dot_grpc__service__pb2.SystemSharedMemoryRegisterResponse.FromString,
+                request_serializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.SystemSharedMemoryRegisterRequest.SerializeToString,
+                response_deserializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.SystemSharedMemoryRegisterResponse.FromString,
                 _registered_method=True)
         self.SystemSharedMemoryUnregister = channel.unary_unary(
                 '/inference.GRPCInferenceService/SystemSharedMemoryUnregister',
-                request_serializer=protos_dot_inference_dot_grpc__service__pb2.SystemSharedMemoryUnregisterRequest.SerializeToString,
-                response_deserializer=protos_dot_inference_dot_grpc__service__pb2.SystemSharedMemoryUnregisterResponse.FromString,
+                request_serializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.SystemSharedMemoryUnregisterRequest.SerializeToString,
+                response_deserializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.SystemSharedMemoryUnregisterResponse.FromString,
                 _registered_method=True)
         self.CudaSharedMemoryStatus = channel.unary_unary(
                 '/inference.GRPCInferenceService/CudaSharedMemoryStatus',
-                request_serializer=protos_dot_inference_dot_grpc__service__pb2.CudaSharedMemoryStatusRequest.SerializeToString,
-                response_deserializer=protos_dot_inference_dot_grpc__service__pb2.CudaSharedMemoryStatusResponse.FromString,
+                request_serializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.CudaSharedMemoryStatusRequest.SerializeToString,
+                response_deserializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.CudaSharedMemoryStatusResponse.FromString,
                 _registered_method=True)
         self.CudaSharedMemoryRegister = channel.unary_unary(
                 '/inference.GRPCInferenceService/CudaSharedMemoryRegister',
-                request_serializer=protos_dot_inference_dot_grpc__service__pb2.CudaSharedMemoryRegisterRequest.SerializeToString,
-                response_deserializer=protos_dot_inference_dot_grpc__service__pb2.CudaSharedMemoryRegisterResponse.FromString,
+                request_serializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.CudaSharedMemoryRegisterRequest.SerializeToString,
+                response_deserializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.CudaSharedMemoryRegisterResponse.FromString,
                 _registered_method=True)
         self.CudaSharedMemoryUnregister = channel.unary_unary(
                 '/inference.GRPCInferenceService/CudaSharedMemoryUnregister',
-                request_serializer=protos_dot_inference_dot_grpc__service__pb2.CudaSharedMemoryUnregisterRequest.SerializeToString,
-                response_deserializer=protos_dot_inference_dot_grpc__service__pb2.CudaSharedMemoryUnregisterResponse.FromString,
+                request_serializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.CudaSharedMemoryUnregisterRequest.SerializeToString,
+                response_deserializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.CudaSharedMemoryUnregisterResponse.FromString,
                 _registered_method=True)
         self.TraceSetting = channel.unary_unary(
                 '/inference.GRPCInferenceService/TraceSetting',
-                request_serializer=protos_dot_inference_dot_grpc__service__pb2.TraceSettingRequest.SerializeToString,
-                response_deserializer=protos_dot_inference_dot_grpc__service__pb2.TraceSettingResponse.FromString,
+                request_serializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.TraceSettingRequest.SerializeToString,
+                response_deserializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.TraceSettingResponse.FromString,
                 _registered_method=True)
         self.LogSettings = channel.unary_unary(
                 '/inference.GRPCInferenceService/LogSettings',
-                request_serializer=protos_dot_inference_dot_grpc__service__pb2.LogSettingsRequest.SerializeToString,
-                response_deserializer=protos_dot_inference_dot_grpc__service__pb2.LogSettingsResponse.FromString,
+                request_serializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.LogSettingsRequest.SerializeToString,
+                response_deserializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.LogSettingsResponse.FromString,
                 _registered_method=True)
         self.RepositoryIndex = channel.unary_unary(
                 '/inference.GRPCInferenceService/RepositoryIndex',
-                request_serializer=protos_dot_inference_dot_grpc__service__pb2.RepositoryIndexRequest.SerializeToString,
-                response_deserializer=protos_dot_inference_dot_grpc__service__pb2.RepositoryIndexResponse.FromString,
+                request_serializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.RepositoryIndexRequest.SerializeToString,
+                response_deserializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.RepositoryIndexResponse.FromString,
                 _registered_method=True)
         self.RepositoryModelLoad = channel.unary_unary(
                 '/inference.GRPCInferenceService/RepositoryModelLoad',
-                request_serializer=protos_dot_inference_dot_grpc__service__pb2.RepositoryModelLoadRequest.SerializeToString,
-                response_deserializer=protos_dot_inference_dot_grpc__service__pb2.RepositoryModelLoadResponse.FromString,
+                request_serializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.RepositoryModelLoadRequest.SerializeToString,
+                response_deserializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.RepositoryModelLoadResponse.FromString,
                 _registered_method=True)
         self.RepositoryModelUnload = channel.unary_unary(
                 '/inference.GRPCInferenceService/RepositoryModelUnload',
-                request_serializer=protos_dot_inference_dot_grpc__service__pb2.RepositoryModelUnloadRequest.SerializeToString,
-                response_deserializer=protos_dot_inference_dot_grpc__service__pb2.RepositoryModelUnloadResponse.FromString,
+                request_serializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.RepositoryModelUnloadRequest.SerializeToString,
+                response_deserializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.RepositoryModelUnloadResponse.FromString,
                 _registered_method=True)
 
 
@@ -279,103 +279,103 @@ def add_GRPCInferenceServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'ServerLive': grpc.unary_unary_rpc_method_handler(
                     servicer.ServerLive,
-                    request_deserializer=protos_dot_inference_dot_grpc__service__pb2.ServerLiveRequest.FromString,
-                    response_serializer=protos_dot_inference_dot_grpc__service__pb2.ServerLiveResponse.SerializeToString,
+                    request_deserializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.ServerLiveRequest.FromString,
+                    response_serializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.ServerLiveResponse.SerializeToString,
             ),
             'ServerReady': grpc.unary_unary_rpc_method_handler(
                     servicer.ServerReady,
-                    request_deserializer=protos_dot_inference_dot_grpc__service__pb2.ServerReadyRequest.FromString,
-                    response_serializer=protos_dot_inference_dot_grpc__service__pb2.ServerReadyResponse.SerializeToString,
+                    request_deserializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.ServerReadyRequest.FromString,
+                    response_serializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.ServerReadyResponse.SerializeToString,
             ),
             'ModelReady': grpc.unary_unary_rpc_method_handler(
                     servicer.ModelReady,
-                    request_deserializer=protos_dot_inference_dot_grpc__service__pb2.ModelReadyRequest.FromString,
-                    response_serializer=protos_dot_inference_dot_grpc__service__pb2.ModelReadyResponse.SerializeToString,
+                    request_deserializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.ModelReadyRequest.FromString,
+                    response_serializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.ModelReadyResponse.SerializeToString,
             ),
             'ServerMetadata': grpc.unary_unary_rpc_method_handler(
                     servicer.ServerMetadata,
-                    request_deserializer=protos_dot_inference_dot_grpc__service__pb2.ServerMetadataRequest.FromString,
-                    response_serializer=protos_dot_inference_dot_grpc__service__pb2.ServerMetadataResponse.SerializeToString,
+                    request_deserializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.ServerMetadataRequest.FromString,
+                    response_serializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.ServerMetadataResponse.SerializeToString,
             ),
             'ModelMetadata': grpc.unary_unary_rpc_method_handler(
                     servicer.ModelMetadata,
-                    request_deserializer=protos_dot_inference_dot_grpc__service__pb2.ModelMetadataRequest.FromString,
-                    response_serializer=protos_dot_inference_dot_grpc__service__pb2.ModelMetadataResponse.SerializeToString,
+                    request_deserializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.ModelMetadataRequest.FromString,
+                    response_serializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.ModelMetadataResponse.SerializeToString,
             ),
             'ModelConfig': grpc.unary_unary_rpc_method_handler(
                     servicer.ModelConfig,
-                    request_deserializer=protos_dot_inference_dot_grpc__service__pb2.ModelConfigRequest.FromString,
-                    response_serializer=protos_dot_inference_dot_grpc__service__pb2.ModelConfigResponse.SerializeToString,
+                    request_deserializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.ModelConfigRequest.FromString,
+                    response_serializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.ModelConfigResponse.SerializeToString,
             ),
             'ModelStatistics': grpc.unary_unary_rpc_method_handler(
                     servicer.ModelStatistics,
-                    request_deserializer=protos_dot_inference_dot_grpc__service__pb2.ModelStatisticsRequest.FromString,
-                    response_serializer=protos_dot_inference_dot_grpc__service__pb2.ModelStatisticsResponse.SerializeToString,
+                    request_deserializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.ModelStatisticsRequest.FromString,
+                    response_serializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.ModelStatisticsResponse.SerializeToString,
             ),
             'ModelInfer': grpc.unary_unary_rpc_method_handler(
                     servicer.ModelInfer,
-                    request_deserializer=protos_dot_inference_dot_grpc__service__pb2.ModelInferRequest.FromString,
-                    response_serializer=protos_dot_inference_dot_grpc__service__pb2.ModelInferResponse.SerializeToString,
+                    request_deserializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.ModelInferRequest.FromString,
+                    response_serializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.ModelInferResponse.SerializeToString,
             ),
             'ModelStreamInfer': grpc.stream_stream_rpc_method_handler(
                     servicer.ModelStreamInfer,
-                    request_deserializer=protos_dot_inference_dot_grpc__service__pb2.ModelInferRequest.FromString,
-                    response_serializer=protos_dot_inference_dot_grpc__service__pb2.ModelStreamInferResponse.SerializeToString,
+                    request_deserializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.ModelInferRequest.FromString,
+                    response_serializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.ModelStreamInferResponse.SerializeToString,
             ),
             'SystemSharedMemoryStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.SystemSharedMemoryStatus,
-                    request_deserializer=protos_dot_inference_dot_grpc__service__pb2.SystemSharedMemoryStatusRequest.FromString,
-                    response_serializer=protos_dot_inference_dot_grpc__service__pb2.SystemSharedMemoryStatusResponse.SerializeToString,
+                    request_deserializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.SystemSharedMemoryStatusRequest.FromString,
+                    response_serializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.SystemSharedMemoryStatusResponse.SerializeToString,
             ),
             'SystemSharedMemoryRegister': grpc.unary_unary_rpc_method_handler(
                     servicer.SystemSharedMemoryRegister,
-                    request_deserializer=protos_dot_inference_dot_grpc__service__pb2.SystemSharedMemoryRegisterRequest.FromString,
-                    response_serializer=protos_dot_inference_dot_grpc__service__pb2.SystemSharedMemoryRegisterResponse.SerializeToString,
+                    request_deserializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.SystemSharedMemoryRegisterRequest.FromString,
+                    response_serializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.SystemSharedMemoryRegisterResponse.SerializeToString,
             ),
             'SystemSharedMemoryUnregister': grpc.unary_unary_rpc_method_handler(
                     servicer.SystemSharedMemoryUnregister,
-                    request_deserializer=protos_dot_inference_dot_grpc__service__pb2.SystemSharedMemoryUnregisterRequest.FromString,
-                    response_serializer=protos_dot_inference_dot_grpc__service__pb2.SystemSharedMemoryUnregisterResponse.SerializeToString,
+                    request_deserializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.SystemSharedMemoryUnregisterRequest.FromString,
+                    response_serializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.SystemSharedMemoryUnregisterResponse.SerializeToString,
             ),
             'CudaSharedMemoryStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.CudaSharedMemoryStatus,
-                    request_deserializer=protos_dot_inference_dot_grpc__service__pb2.CudaSharedMemoryStatusRequest.FromString,
-                    response_serializer=protos_dot_inference_dot_grpc__service__pb2.CudaSharedMemoryStatusResponse.SerializeToString,
+                    request_deserializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.CudaSharedMemoryStatusRequest.FromString,
+                    response_serializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.CudaSharedMemoryStatusResponse.SerializeToString,
             ),
             'CudaSharedMemoryRegister': grpc.unary_unary_rpc_method_handler(
                     servicer.CudaSharedMemoryRegister,
-                    request_deserializer=protos_dot_inference_dot_grpc__service__pb2.CudaSharedMemoryRegisterRequest.FromString,
-                    response_serializer=protos_dot_inference_dot_grpc__service__pb2.CudaSharedMemoryRegisterResponse.SerializeToString,
+                    request_deserializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.CudaSharedMemoryRegisterRequest.FromString,
+                    response_serializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.CudaSharedMemoryRegisterResponse.SerializeToString,
             ),
             'CudaSharedMemoryUnregister': grpc.unary_unary_rpc_method_handler(
                     servicer.CudaSharedMemoryUnregister,
-                    request_deserializer=protos_dot_inference_dot_grpc__service__pb2.CudaSharedMemoryUnregisterRequest.FromString,
-                    response_serializer=protos_dot_inference_dot_grpc__service__pb2.CudaSharedMemoryUnregisterResponse.SerializeToString,
+                    request_deserializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.CudaSharedMemoryUnregisterRequest.FromString,
+                    response_serializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.CudaSharedMemoryUnregisterResponse.SerializeToString,
             ),
             'TraceSetting': grpc.unary_unary_rpc_method_handler(
                     servicer.TraceSetting,
-                    request_deserializer=protos_dot_inference_dot_grpc__service__pb2.TraceSettingRequest.FromString,
-                    response_serializer=protos_dot_inference_dot_grpc__service__pb2.TraceSettingResponse.SerializeToString,
+                    request_deserializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.TraceSettingRequest.FromString,
+                    response_serializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.TraceSettingResponse.SerializeToString,
             ),
             'LogSettings': grpc.unary_unary_rpc_method_handler(
                     servicer.LogSettings,
-                    request_deserializer=protos_dot_inference_dot_grpc__service__pb2.LogSettingsRequest.FromString,
-                    response_serializer=protos_dot_inference_dot_grpc__service__pb2.LogSettingsResponse.SerializeToString,
+                    request_deserializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.LogSettingsRequest.FromString,
+                    response_serializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.LogSettingsResponse.SerializeToString,
             ),
             'RepositoryIndex': grpc.unary_unary_rpc_method_handler(
                     servicer.RepositoryIndex,
-                    request_deserializer=protos_dot_inference_dot_grpc__service__pb2.RepositoryIndexRequest.FromString,
-                    response_serializer=protos_dot_inference_dot_grpc__service__pb2.RepositoryIndexResponse.SerializeToString,
+                    request_deserializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.RepositoryIndexRequest.FromString,
+                    response_serializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.RepositoryIndexResponse.SerializeToString,
             ),
             'RepositoryModelLoad': grpc.unary_unary_rpc_method_handler(
                     servicer.RepositoryModelLoad,
-                    request_deserializer=protos_dot_inference_dot_grpc__service__pb2.RepositoryModelLoadRequest.FromString,
-                    response_serializer=protos_dot_inference_dot_grpc__service__pb2.RepositoryModelLoadResponse.SerializeToString,
+                    request_deserializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.RepositoryModelLoadRequest.FromString,
+                    response_serializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.RepositoryModelLoadResponse.SerializeToString,
             ),
             'RepositoryModelUnload': grpc.unary_unary_rpc_method_handler(
                     servicer.RepositoryModelUnload,
-                    request_deserializer=protos_dot_inference_dot_grpc__service__pb2.RepositoryModelUnloadRequest.FromString,
-                    response_serializer=protos_dot_inference_dot_grpc__service__pb2.RepositoryModelUnloadResponse.SerializeToString,
+                    request_deserializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.RepositoryModelUnloadRequest.FromString,
+                    response_serializer=servex_dot_protos_dot_inference_dot_grpc__service__pb2.RepositoryModelUnloadResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -403,8 +403,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/ServerLive',
-            protos_dot_inference_dot_grpc__service__pb2.ServerLiveRequest.SerializeToString,
-            protos_dot_inference_dot_grpc__service__pb2.ServerLiveResponse.FromString,
+            servex_dot_protos_dot_inference_dot_grpc__service__pb2.ServerLiveRequest.SerializeToString,
+            servex_dot_protos_dot_inference_dot_grpc__service__pb2.ServerLiveResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -430,8 +430,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/ServerReady',
-            protos_dot_inference_dot_grpc__service__pb2.ServerReadyRequest.SerializeToString,
-            protos_dot_inference_dot_grpc__service__pb2.ServerReadyResponse.FromString,
+            servex_dot_protos_dot_inference_dot_grpc__service__pb2.ServerReadyRequest.SerializeToString,
+            servex_dot_protos_dot_inference_dot_grpc__service__pb2.ServerReadyResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -457,8 +457,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/ModelReady',
-            protos_dot_inference_dot_grpc__service__pb2.ModelReadyRequest.SerializeToString,
-            protos_dot_inference_dot_grpc__service__pb2.ModelReadyResponse.FromString,
+            servex_dot_protos_dot_inference_dot_grpc__service__pb2.ModelReadyRequest.SerializeToString,
+            servex_dot_protos_dot_inference_dot_grpc__service__pb2.ModelReadyResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -484,8 +484,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/ServerMetadata',
-            protos_dot_inference_dot_grpc__service__pb2.ServerMetadataRequest.SerializeToString,
-            protos_dot_inference_dot_grpc__service__pb2.ServerMetadataResponse.FromString,
+            servex_dot_protos_dot_inference_dot_grpc__service__pb2.ServerMetadataRequest.SerializeToString,
+            servex_dot_protos_dot_inference_dot_grpc__service__pb2.ServerMetadataResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -511,8 +511,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/ModelMetadata',
-            protos_dot_inference_dot_grpc__service__pb2.ModelMetadataRequest.SerializeToString,
-            protos_dot_inference_dot_grpc__service__pb2.ModelMetadataResponse.FromString,
+            servex_dot_protos_dot_inference_dot_grpc__service__pb2.ModelMetadataRequest.SerializeToString,
+            servex_dot_protos_dot_inference_dot_grpc__service__pb2.ModelMetadataResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -538,8 +538,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/ModelConfig',
-            protos_dot_inference_dot_grpc__service__pb2.ModelConfigRequest.SerializeToString,
-            protos_dot_inference_dot_grpc__service__pb2.ModelConfigResponse.FromString,
+            servex_dot_protos_dot_inference_dot_grpc__service__pb2.ModelConfigRequest.SerializeToString,
+            servex_dot_protos_dot_inference_dot_grpc__service__pb2.ModelConfigResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -565,8 +565,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/ModelStatistics',
-            protos_dot_inference_dot_grpc__service__pb2.ModelStatisticsRequest.SerializeToString,
-            protos_dot_inference_dot_grpc__service__pb2.ModelStatisticsResponse.FromString,
+            servex_dot_protos_dot_inference_dot_grpc__service__pb2.ModelStatisticsRequest.SerializeToString,
+            servex_dot_protos_dot_inference_dot_grpc__service__pb2.ModelStatisticsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -592,8 +592,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/ModelInfer',
-            protos_dot_inference_dot_grpc__service__pb2.ModelInferRequest.SerializeToString,
-            protos_dot_inference_dot_grpc__service__pb2.ModelInferResponse.FromString,
+            servex_dot_protos_dot_inference_dot_grpc__service__pb2.ModelInferRequest.SerializeToString,
+            servex_dot_protos_dot_inference_dot_grpc__service__pb2.ModelInferResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -619,8 +619,8 @@ class GRPCInferenceService:
             request_iterator,
             target,
             '/inference.GRPCInferenceService/ModelStreamInfer',
-            protos_dot_inference_dot_grpc__service__pb2.ModelInferRequest.SerializeToString,
-            protos_dot_inference_dot_grpc__service__pb2.ModelStreamInferResponse.FromString,
+            servex_dot_protos_dot_inference_dot_grpc__service__pb2.ModelInferRequest.SerializeToString,
+            servex_dot_protos_dot_inference_dot_grpc__service__pb2.ModelStreamInferResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -646,8 +646,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/SystemSharedMemoryStatus',
-            protos_dot_inference_dot_grpc__service__pb2.SystemSharedMemoryStatusRequest.SerializeToString,
-            protos_dot_inference_dot_grpc__service__pb2.SystemSharedMemoryStatusResponse.FromString,
+            servex_dot_protos_dot_inference_dot_grpc__service__pb2.SystemSharedMemoryStatusRequest.SerializeToString,
+            servex_dot_protos_dot_inference_dot_grpc__service__pb2.SystemSharedMemoryStatusResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -673,8 +673,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/SystemSharedMemoryRegister',
-            protos_dot_inference_dot_grpc__service__pb2.SystemSharedMemoryRegisterRequest.SerializeToString,
-            protos_dot_inference_dot_grpc__service__pb2.SystemSharedMemoryRegisterResponse.FromString,
+            servex_dot_protos_dot_inference_dot_grpc__service__pb2.SystemSharedMemoryRegisterRequest.SerializeToString,
+            servex_dot_protos_dot_inference_dot_grpc__service__pb2.SystemSharedMemoryRegisterResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -700,8 +700,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/SystemSharedMemoryUnregister',
-            protos_dot_inference_dot_grpc__service__pb2.SystemSharedMemoryUnregisterRequest.SerializeToString,
-            protos_dot_inference_dot_grpc__service__pb2.SystemSharedMemoryUnregisterResponse.FromString,
+            servex_dot_protos_dot_inference_dot_grpc__service__pb2.SystemSharedMemoryUnregisterRequest.SerializeToString,
+            servex_dot_protos_dot_inference_dot_grpc__service__pb2.SystemSharedMemoryUnregisterResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -727,8 +727,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/CudaSharedMemoryStatus',
-            protos_dot_inference_dot_grpc__service__pb2.CudaSharedMemoryStatusRequest.SerializeToString,
-            protos_dot_inference_dot_grpc__service__pb2.CudaSharedMemoryStatusResponse.FromString,
+            servex_dot_protos_dot_inference_dot_grpc__service__pb2.CudaSharedMemoryStatusRequest.SerializeToString,
+            servex_dot_protos_dot_inference_dot_grpc__service__pb2.CudaSharedMemoryStatusResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -754,8 +754,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/CudaSharedMemoryRegister',
-            protos_dot_inference_dot_grpc__service__pb2.CudaSharedMemoryRegisterRequest.SerializeToString,
-            protos_dot_inference_dot_grpc__service__pb2.CudaSharedMemoryRegisterResponse.FromString,
+            servex_dot_protos_dot_inference_dot_grpc__service__pb2.CudaSharedMemoryRegisterRequest.SerializeToString,
+            servex_dot_protos_dot_inference_dot_grpc__service__pb2.CudaSharedMemoryRegisterResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -781,8 +781,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/CudaSharedMemoryUnregister',
-            protos_dot_inference_dot_grpc__service__pb2.CudaSharedMemoryUnregisterRequest.SerializeToString,
-            protos_dot_inference_dot_grpc__service__pb2.CudaSharedMemoryUnregisterResponse.FromString,
+            servex_dot_protos_dot_inference_dot_grpc__service__pb2.CudaSharedMemoryUnregisterRequest.SerializeToString,
+            servex_dot_protos_dot_inference_dot_grpc__service__pb2.CudaSharedMemoryUnregisterResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -808,8 +808,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/TraceSetting',
-            protos_dot_inference_dot_grpc__service__pb2.TraceSettingRequest.SerializeToString,
-            protos_dot_inference_dot_grpc__service__pb2.TraceSettingResponse.FromString,
+            servex_dot_protos_dot_inference_dot_grpc__service__pb2.TraceSettingRequest.SerializeToString,
+            servex_dot_protos_dot_inference_dot_grpc__service__pb2.TraceSettingResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -835,8 +835,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/LogSettings',
-            protos_dot_inference_dot_grpc__service__pb2.LogSettingsRequest.SerializeToString,
-            protos_dot_inference_dot_grpc__service__pb2.LogSettingsResponse.FromString,
+            servex_dot_protos_dot_inference_dot_grpc__service__pb2.LogSettingsRequest.SerializeToString,
+            servex_dot_protos_dot_inference_dot_grpc__service__pb2.LogSettingsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -862,8 +862,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/RepositoryIndex',
-            protos_dot_inference_dot_grpc__service__pb2.RepositoryIndexRequest.SerializeToString,
-            protos_dot_inference_dot_grpc__service__pb2.RepositoryIndexResponse.FromString,
+            servex_dot_protos_dot_inference_dot_grpc__service__pb2.RepositoryIndexRequest.SerializeToString,
+            servex_dot_protos_dot_inference_dot_grpc__service__pb2.RepositoryIndexResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -889,8 +889,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/RepositoryModelLoad',
-            protos_dot_inference_dot_grpc__service__pb2.RepositoryModelLoadRequest.SerializeToString,
-            protos_dot_inference_dot_grpc__service__pb2.RepositoryModelLoadResponse.FromString,
+            servex_dot_protos_dot_inference_dot_grpc__service__pb2.RepositoryModelLoadRequest.SerializeToString,
+            servex_dot_protos_dot_inference_dot_grpc__service__pb2.RepositoryModelLoadResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -916,8 +916,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/RepositoryModelUnload',
-            protos_dot_inference_dot_grpc__service__pb2.RepositoryModelUnloadRequest.SerializeToString,
-            protos_dot_inference_dot_grpc__service__pb2.RepositoryModelUnloadResponse.FromString,
+            servex_dot_protos_dot_inference_dot_grpc__service__pb2.RepositoryModelUnloadRequest.SerializeToString,
+            servex_dot_protos_dot_inference_dot_grpc__service__pb2.RepositoryModelUnloadResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -67,7 +67,7 @@ def test_exposes_servex_ports_and_models_volume(dockerfile):
 
 
 def test_healthcheck_uses_servex_health_with_valid_flags(dockerfile):
-    from server.healthcheck import build_parser
+    from servex.server.healthcheck import build_parser
 
     (value,) = instructions(dockerfile, "HEALTHCHECK")
     options, _, command = value.partition("CMD")

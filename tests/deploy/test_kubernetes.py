@@ -208,7 +208,7 @@ def test_tls_variant(kubectl, base, container):
     tls = {doc["kind"]: doc for doc in kustomize(kubectl, TLS_OVERLAY)}
     pod = tls["Deployment"]["spec"]["template"]["spec"]
     (served,) = pod["containers"]
-    from server.cli import build_parser
+    from servex.server.cli import build_parser
 
     args = build_parser().parse_args(served["args"])  # servex's own flags, the base's kept
     assert served["args"][: len(container["args"])] == container["args"]
@@ -237,7 +237,7 @@ def test_prometheus_rule_matches_the_rule_file(base):
 
 def test_container_args_are_servex_flags(container):
     """Every flag the Deployment passes exists in servex's CLI (a renamed flag would crash-loop the pods)."""
-    from server.cli import build_parser
+    from servex.server.cli import build_parser
 
     args = build_parser().parse_args(container["args"])
     assert args.model_config_file == "/etc/servex/models.config"

@@ -7,8 +7,7 @@ import asyncio
 import threading
 
 import numpy as np
-
-from executor.run_handler import RunHandler, Ticket
+from servex.executor.run_handler import RunHandler, Ticket
 
 
 def run(coro):

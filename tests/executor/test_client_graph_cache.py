@@ -9,9 +9,8 @@ import time
 
 import numpy as np
 import pytest
-
-from executor import GraphExecutor
-from loader import InvalidArgument
+from servex.executor import GraphExecutor
+from servex.loader import InvalidArgument
 
 X = np.array([[1], [2], [5]], np.float32)
 Y = np.array([[2.5], [3.0], [4.5]], np.float32)  # 0.5x + 2

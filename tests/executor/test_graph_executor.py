@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
+from servex.executor import GraphExecutor, LoadedClientGraph, client_graph_key
+from servex.loader import InvalidArgument, ServingError, load_saved_model
+from servex.transfer import H2DTransferExecutor, H2DTransferExecutorFactory, TransferFuture
 
-from executor import GraphExecutor, LoadedClientGraph, client_graph_key
-from loader import InvalidArgument, ServingError, load_saved_model
 from tests.conftest import COUNTER
-from transfer import H2DTransferExecutor, H2DTransferExecutorFactory, TransferFuture
 
 X = np.array([[1], [2], [5]], np.float32)
 Y = np.array([[2.5], [3.0], [4.5]], np.float32)  # 0.5x + 2

@@ -7,8 +7,8 @@ import asyncio
 import threading
 import time
 
-from executor import RunHandler
-from executor.run_handler import Ticket
+from servex.executor import RunHandler
+from servex.executor.run_handler import Ticket
 
 TIMEOUT = 10
 

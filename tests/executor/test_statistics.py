@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from executor.statistics import ModelStatistics, statistics
+from servex.executor.statistics import ModelStatistics, statistics
 
 
 def test_figures_add_up_from_concurrent_threads():

@@ -50,7 +50,7 @@ class Daemon:
         cmd = [
             sys.executable,
             "-m",
-            "server",
+            "servex.server",
             f"--port={self.port}",
             f"--metrics_port={self.metrics_port}",
             f"--rest_api_port={self.rest_port}",
@@ -122,7 +122,7 @@ def run_to_exit(args: list[str], timeout: float = START_TIMEOUT_S) -> subprocess
     cmd = [
         sys.executable,
         "-m",
-        "server",
+        "servex.server",
         f"--port={free_port()}",
         f"--metrics_port={free_port()}",
         "--rest_api_port=0",

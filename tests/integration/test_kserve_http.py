@@ -172,7 +172,7 @@ def test_responses_are_compressed_as_accept_encoding_allows(daemon, mlp, accept,
 
 
 def test_large_json_request(client, mlp):
-    # ~2 MB of JSON: decoded on a worker thread (server/rest.py OFFLOAD_BYTES), answered the same
+    # ~2 MB of JSON: decoded on a worker thread (server/transport/http.py OFFLOAD_BYTES), answered the same
     x = features(1500, seed=5)
     result = client.infer("mlp", [tensor("features", x, "FP32", binary=False)])
     np.testing.assert_allclose(result.as_numpy("score"), mlp(x), rtol=1e-5, atol=1e-6)

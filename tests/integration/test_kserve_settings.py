@@ -1,4 +1,5 @@
-"""Triton's log and trace settings (server/v2_settings.py) through the real daemon, with tritonclient over gRPC and
+"""Triton's log and trace settings (server/protocols/kserve/v2_settings.py) through the real daemon, with tritonclient
+over gRPC and
 REST."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from loader.errors import InvalidArgument, ServingError, error_with_code
+from servex.loader.errors import InvalidArgument, ServingError, error_with_code
 
 
 class WithStatus(ServingError):

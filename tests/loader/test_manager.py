@@ -5,10 +5,10 @@ from __future__ import annotations
 import shutil
 
 import pytest
+from servex.loader import NotFound
+from servex.loader.config import VersionPolicy
+from servex.loader.manager import AVAILABLE, END
 
-from loader import NotFound
-from loader.config import VersionPolicy
-from loader.manager import AVAILABLE, END
 from tests.loader.manager_fakes import (
     add_version,
     available,
@@ -207,7 +207,7 @@ def test_an_unloaded_version_stays_in_the_status_as_end_until_it_loads_again(man
 
 
 def test_the_status_keeps_the_last_max_ended_unloaded_versions(manager, tmp_path, monkeypatch):
-    from loader import manager as manager_module
+    from servex.loader import manager as manager_module
 
     monkeypatch.setattr(manager_module, "MAX_ENDED", 3)
     base = model_dir(tmp_path / "m", 1)

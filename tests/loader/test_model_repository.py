@@ -6,10 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from loader.config import VersionPolicy
-from loader.errors import InvalidArgument
-from loader.model_repository import read_model, read_repositories
+from servex.loader.config import VersionPolicy
+from servex.loader.errors import InvalidArgument
+from servex.loader.model_repository import read_model, read_repositories
 
 
 def model(root: Path, name: str, config: str | None = None, versions=(1,)) -> Path:

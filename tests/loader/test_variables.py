@@ -11,11 +11,18 @@ import threading
 import numpy as np
 import pytest
 import tensorflow as tf
+from servex.executor import GraphExecutor
+from servex.loader import load_saved_model
+from servex.loader.errors import InvalidArgument, NotFound, ServingError
+from servex.loader.variables import (
+    ON_DEVICE,
+    RESTORE_POOL,
+    UNRESTORED,
+    AlreadyExists,
+    LoadedVariableRegistry,
+    RestoreRegistry,
+)
 
-from executor import GraphExecutor
-from loader import load_saved_model
-from loader.errors import InvalidArgument, NotFound, ServingError
-from loader.variables import ON_DEVICE, RESTORE_POOL, UNRESTORED, AlreadyExists, LoadedVariableRegistry, RestoreRegistry
 from tests.conftest import HALF_PLUS_TWO_TF1, HALF_PLUS_TWO_TF2, REPO
 
 
@@ -157,8 +164,8 @@ tf.saved_model.save(module, sys.argv[1], signatures={"serving_default": module.f
 MEASURE_TABLE = """
 import json, sys
 import numpy as np
-from executor import GraphExecutor
-from loader import load_saved_model
+from servex.executor import GraphExecutor
+from servex.loader import load_saved_model
 
 def rss():
     with open("/proc/self/status") as status:

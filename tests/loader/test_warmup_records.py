@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 import tensorflow as tf
+from servex.loader import LoadError
+from servex.loader.warmup_records import MAX_RECORDS, WARMUP_FILE, read_warmup_records
 from tensorflow_serving.apis import prediction_log_pb2
-
-from loader import LoadError
-from loader.warmup_records import MAX_RECORDS, WARMUP_FILE, read_warmup_records
 
 
 def write_warmup_file(version, records: list[bytes]) -> None:

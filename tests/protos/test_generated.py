@@ -1,5 +1,5 @@
 """The generated modules in protos/ are what protoc makes of the .proto sources today: editing a .proto without
-running `python -m protos.generate` fails here."""
+running `python -m servex.protos.generate` fails here."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from protos.generate import PROTOS, REPO
+from servex.protos.generate import PROTOS, REPO
 
 
 def test_there_are_protos():
@@ -25,7 +24,9 @@ def test_there_are_protos():
 def fresh(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("generated")
     # protoc runs in its own process: in-process, beside a loaded TensorFlow, it can crash
-    subprocess.run([sys.executable, "-m", "protos.generate", str(out)], cwd=REPO, check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "servex.protos.generate", str(out)], cwd=REPO, check=True, capture_output=True
+    )
     return out
 
 
@@ -34,12 +35,14 @@ def fresh(tmp_path_factory) -> Path:
 def test_generated_module_is_current(fresh, proto, suffix):
     module = proto.removesuffix(".proto") + suffix
     committed = REPO / module
-    assert committed.is_file(), f"{module} is missing: run python -m protos.generate"
-    assert committed.read_text() == (fresh / module).read_text(), f"{module} is stale: run python -m protos.generate"
+    assert committed.is_file(), f"{module} is missing: run python -m servex.protos.generate"
+    assert committed.read_text() == (fresh / module).read_text(), (
+        f"{module} is stale: run python -m servex.protos.generate"
+    )
 
 
 def test_generated_service_is_servex_v1_graph_executor():
-    from protos.servex.v1 import graph_executor_pb2
+    from servex.protos.servex.v1 import graph_executor_pb2
 
     service = graph_executor_pb2.DESCRIPTOR.services_by_name["GraphExecutor"]
     assert service.full_name == "servex.v1.GraphExecutor"
@@ -52,7 +55,7 @@ def test_generated_service_is_servex_v1_graph_executor():
 # by a subprocess: servex's `inference.*` and tritonclient's cannot be loaded into one process.
 _DUMP_SERVEX_INFERENCE = """
 import json
-from protos.inference import grpc_service_pb2 as pb, model_config_pb2
+from servex.protos.inference import grpc_service_pb2 as pb, model_config_pb2
 
 def fields(d):
     return sorted((f.name, f.number, f.type, f.is_repeated, f.message_type.full_name if f.message_type else "")

@@ -8,9 +8,8 @@ import threading
 import time
 
 import pytest
-
-from server import affinity
-from server.affinity import LoopPin, _ranges, group_index, resolve
+from servex.server import affinity
+from servex.server.affinity import LoopPin, _ranges, group_index, resolve
 
 ALLOWED = os.sched_getaffinity(0)
 needs_two_cpus = pytest.mark.skipif(len(ALLOWED) < 2, reason="pinning one CPU out of one changes nothing")

@@ -8,13 +8,13 @@ import shutil
 import weakref
 
 import pytest
+from servex.executor.batching import BatchingOptions
+from servex.loader.config import ModelSpec
+from servex.loader.manager import END
+from servex.server.app import make_manager, settle_heap
+from servex.server.config.batching import PER_MODEL_BATCHING_FILE
+from servex.server.config.settings import ServerSettings
 
-from executor.batching import BatchingOptions
-from loader.config import ModelSpec
-from loader.manager import END
-from server.app import make_manager, settle_heap
-from server.batching_config import PER_MODEL_BATCHING_FILE
-from server.settings import ServerSettings
 from tests.conftest import HALF_PLUS_TWO_TF1
 
 
@@ -102,9 +102,9 @@ def test_a_refused_config_file_is_tried_again_at_each_poll(tmp_path):
     TensorFlow Serving re-applies it, and takes once the version serves (it was never tried again)."""
     import asyncio
 
-    from loader import ModelManager
-    from loader.config import parse_model_config
-    from server.app import Lifecycle
+    from servex.loader import ModelManager
+    from servex.loader.config import parse_model_config
+    from servex.server.app import Lifecycle
 
     (tmp_path / "a" / "1").mkdir(parents=True)
     config = tmp_path / "models.config"
@@ -134,10 +134,10 @@ def test_overlapping_config_changes_leave_the_specs_served(tmp_path):
     import asyncio
     import time
 
-    from loader import ModelManager
-    from loader.config import ModelSpec, VersionPolicy
-    from loader.errors import FailedPrecondition
-    from server.app import Lifecycle
+    from servex.loader import ModelManager
+    from servex.loader.config import ModelSpec, VersionPolicy
+    from servex.loader.errors import FailedPrecondition
+    from servex.server.app import Lifecycle
 
     for folder in ("a/1", "a/2", "b/1"):
         (tmp_path / folder).mkdir(parents=True)

@@ -1,9 +1,9 @@
-"""server/batching_config.py: TensorFlow Serving's BatchingParameters as it writes them."""
+"""server/config/batching.py: TensorFlow Serving's BatchingParameters as it writes them."""
 
 from __future__ import annotations
 
-from executor.batching import BatchingOptions
-from server.batching_config import parse_batching_parameters
+from servex.executor.batching import BatchingOptions
+from servex.server.config.batching import parse_batching_parameters
 
 
 def test_batching_parameters_in_tensorflow_serving_s_own_spelling_of_every_field(caplog):

@@ -5,9 +5,8 @@ from __future__ import annotations
 import os
 
 import pytest
-
-from server.cli import parse_settings
-from server.settings import ServerSettings
+from servex.server.cli import parse_settings
+from servex.server.config.settings import ServerSettings
 
 
 def test_grpc_listeners_default_and_flag():

@@ -5,12 +5,11 @@ asking for ALTS is refused rather than served in plaintext."""
 from __future__ import annotations
 
 import pytest
-
-from executor.run_handler import BatchingOptions
-from server.cli import parse_settings
-from server.cores import usable_cores
-from server.settings import ServerSettings
-from server.tfserving_flags import DEFAULT_PROMETHEUS_PATH, NO_EFFECT_FLAGS, REFUSED_FLAGS
+from servex.executor.run_handler import BatchingOptions
+from servex.server.cli import parse_settings
+from servex.server.config.settings import ServerSettings
+from servex.server.config.tfserving_flags import DEFAULT_PROMETHEUS_PATH, NO_EFFECT_FLAGS, REFUSED_FLAGS
+from servex.server.cores import usable_cores
 
 # A tensorflow_model_server command line using every flag of TensorFlow Serving's main.cc (2.x) that servex does
 # not implement itself, with the values such lines carry.
@@ -153,8 +152,7 @@ def test_thread_pools_from_their_flags_session_parallelism_or_servex_defaults():
 
 def test_session_config_file_is_the_base_and_given_flags_apply_over_it(tmp_path):
     import tensorflow as tf
-
-    from server.app import session_config
+    from servex.server.app import session_config
 
     path = tmp_path / "session.config"
     path.write_text(
@@ -281,8 +279,8 @@ def platform_config(tmp_path, legacy_config: str, platform: str = "tensorflow", 
 
 
 def test_platform_config_file_replaces_the_session_bundle_flags_as_in_tensorflow_serving(tmp_path):
-    from server.app import session_config
-    from server.batching_config import batching_options
+    from servex.server.app import session_config
+    from servex.server.config.batching import batching_options
 
     path = platform_config(
         tmp_path,
@@ -310,7 +308,7 @@ def test_platform_config_file_replaces_the_session_bundle_flags_as_in_tensorflow
 
 
 def _session_bundle_order(flag: str) -> int:
-    from server.tfserving_flags import SESSION_BUNDLE_FLAGS
+    from servex.server.config.tfserving_flags import SESSION_BUNDLE_FLAGS
 
     return SESSION_BUNDLE_FLAGS.index(flag.split("=")[0][2:])
 
@@ -325,7 +323,7 @@ def test_the_platform_config_s_tags_are_taken_as_written_and_replaced_flags_not_
 def test_a_platform_config_without_batching_or_warmup_turns_both_off(tmp_path):
     """As in TensorFlow Serving: batching only with batching_parameters (even empty), warm-up only with
     enable_model_warmup, tags "serve" where none are named; pools left at 0 take servex's defaults."""
-    from server.batching_config import batching_options
+    from servex.server.config.batching import batching_options
 
     d = ServerSettings()
     settings = parse_settings([f"--platform_config_file={platform_config(tmp_path, '')}", "--enable_batching"]).settings
@@ -400,8 +398,8 @@ def test_a_platform_config_that_cannot_be_used_is_refused_naming_what_and_why(tm
 
 
 def test_bad_batching_parameters_in_a_platform_config_fail_the_start_naming_the_file(tmp_path):
-    from loader.errors import InvalidArgument
-    from server.batching_config import batching_options
+    from servex.loader.errors import InvalidArgument
+    from servex.server.config.batching import batching_options
 
     path = platform_config(tmp_path, "batching_parameters { max_batch_size { value: 4 } allowed_batch_sizes: 8 }")
     settings = parse_settings([f"--platform_config_file={path}"]).settings

@@ -1,13 +1,12 @@
-"""Triton's command line starts servex on a Triton model repository (server/triton_flags.py): Triton's ports and
+"""Triton's command line starts servex on a Triton model repository (server/config/triton_flags.py): Triton's ports and
 defaults, its model control modes, TLS and log flags mapped onto servex's settings, the flags that change nothing
 noted, and what cannot be honoured refused."""
 
 from __future__ import annotations
 
 import pytest
-
-from server.cli import parse_settings
-from server.triton_flags import NO_EFFECT_FLAGS
+from servex.server.cli import parse_settings
+from servex.server.config.triton_flags import NO_EFFECT_FLAGS
 
 
 def settings(*argv: str):

@@ -8,10 +8,9 @@ import concurrent.futures
 from dataclasses import dataclass
 
 import pytest
-
-from loader import ModelManager
-from loader.config import ModelSpec
-from server.core import Lease
+from servex.loader import ModelManager
+from servex.loader.config import ModelSpec
+from servex.server.core import Lease
 
 
 @dataclass(eq=False)

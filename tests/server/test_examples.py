@@ -1,4 +1,5 @@
-"""Unit tests for server/examples.py: Input -> serialized tf.Examples, signature checks, result building, and
+"""Unit tests for server/protocols/tfserving/examples.py: Input -> serialized tf.Examples, signature checks, result
+building, and
 Classify/Regress/MultiInference on an in-process ServingCore (no daemon) over TensorFlow Serving's test models.
 
 TensorFlow is the oracle for the context merge: ``tf.io.parse_example`` reads the bytes the way the model does.
@@ -12,17 +13,17 @@ import threading
 import numpy as np
 import pytest
 import tensorflow as tf
+from servex.executor import RunHandler, client_graph_key
+from servex.loader.config import ModelSpec
+from servex.loader.errors import InvalidArgument, ServingError
+from servex.loader.saved_model import Signature, TensorSpec
+from servex.server.app import make_manager
+from servex.server.config.settings import ServerSettings
+from servex.server.core import ServingCore
+from servex.server.protocols.tfserving import examples
 from tensorflow.core.framework import types_pb2
 from tensorflow_serving.apis import classification_pb2, inference_pb2, input_pb2, regression_pb2
 
-from executor import RunHandler, client_graph_key
-from loader.config import ModelSpec
-from loader.errors import InvalidArgument, ServingError
-from loader.saved_model import Signature, TensorSpec
-from server import examples
-from server.app import make_manager
-from server.core import ServingCore
-from server.settings import ServerSettings
 from tests.conftest import HALF_PLUS_TWO_TF1, HALF_PLUS_TWO_TF2, TESTDATA
 
 WHERE = "model 'm' version 1 signature 's'"

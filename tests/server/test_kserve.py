@@ -1,4 +1,5 @@
-"""The KServe v2 gRPC codec (server/v2_types.py's message functions) on tritonclient's own request and response
+"""The KServe v2 gRPC codec (server/protocols/kserve/v2_types.py's message functions) on tritonclient's own request and
+response
 messages: what the client sends is what servex decodes, and what servex encodes is what the client reads.
 
 servex's generated `inference.*` modules are not imported here: they and tritonclient's share full names and one
@@ -9,12 +10,12 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
+from servex.loader.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
+from servex.server.protocols.kserve import v2_types
+from servex.server.protocols.kserve.shared_memory import SharedMemoryRegistry
+from servex.server.protocols.tfserving import tensors
 from tritonclient.grpc import InferInput, service_pb2
 from tritonclient.utils import deserialize_bytes_tensor
-
-from loader.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
-from server import tensors, v2_types
-from server.shared_memory import SharedMemoryRegistry
 
 Request = service_pb2.ModelInferRequest
 
@@ -387,7 +388,7 @@ def test_an_output_v2_cannot_carry_is_named():
 
 
 def test_decode_bytes_refuses_a_count_the_data_cannot_hold_before_allocating():
-    from server.v2_types import decode_bytes
+    from servex.server.protocols.kserve.v2_types import decode_bytes
 
     with pytest.raises(InvalidArgument, match="7 bytes cannot hold the 10000000000 BYTES elements"):
         decode_bytes(b"\x03\x00\x00\x00abc", 10**10, "s")

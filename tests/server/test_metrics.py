@@ -1,4 +1,4 @@
-"""server/metrics.py: the event loop's lag, sampled from the loop itself."""
+"""server/observability/metrics.py: the event loop's lag, sampled from the loop itself."""
 
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ import asyncio
 import time
 
 from prometheus_client import REGISTRY
-
-from server.metrics import watch_loop_lag
+from servex.server.observability.metrics import watch_loop_lag
 
 
 def _lag() -> tuple[float, float]:

@@ -1,4 +1,5 @@
-"""server/metrics.py's TFServingNames: TensorFlow Serving's and TensorFlow's metric names, made at scrape time from
+"""server/observability/metrics.py's TFServingNames: TensorFlow Serving's and TensorFlow's metric names, made at scrape
+time from
 servex's own metric objects (the real ones, read through a real prometheus_client registry and the text
 exposition a scraper parses). Each test uses model names of its own: the metric objects are the process's."""
 
@@ -9,9 +10,8 @@ import itertools
 import pytest
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-
-from executor.metrics import QUEUE_WAIT, RUN_SECONDS, RunMetrics
-from server.metrics import (
+from servex.executor.metrics import QUEUE_WAIT, RUN_SECONDS, RunMetrics
+from servex.server.observability.metrics import (
     MODEL_LOAD_FAILURES,
     MODEL_LOAD_SECONDS,
     REQUEST_LATENCY,

@@ -10,10 +10,9 @@ import zlib
 import ml_dtypes
 import numpy as np
 import pytest
-
-from loader.errors import InvalidArgument, ServingError
-from server import rest_codec as codec
-from server.rest import HTTP_STATUS, inflate, status_of
+from servex.loader.errors import InvalidArgument, ServingError
+from servex.server.transport import json_codec as codec
+from servex.server.transport.http import HTTP_STATUS, inflate, status_of
 
 F32 = np.dtype(np.float32)
 
@@ -254,7 +253,7 @@ def test_lists_nested_deeper_than_a_tensor_can_be():
 
 
 def test_payload_bytes_counts_strings_not_pointers():
-    from server.rest import OFFLOAD_BYTES, payload_bytes
+    from servex.server.transport.http import OFFLOAD_BYTES, payload_bytes
 
     assert payload_bytes([np.zeros(10, np.float32), np.zeros(3, np.int64)]) == 64
     strings = np.empty(100, object)
@@ -284,15 +283,14 @@ def test_payload_bytes_counts_strings_not_pointers():
 )
 def test_answer_coding_honours_q_values(accept, coding):
     from aiohttp.test_utils import make_mocked_request
-
-    from server.rest import answer_coding
+    from servex.server.transport.http import answer_coding
 
     found = answer_coding(make_mocked_request("POST", "/", headers={"Accept-Encoding": accept}))
     assert (found.value if found else None) == coding
 
 
 def test_too_large_says_more_than_the_limit():
-    from server.rest import too_large
+    from servex.server.transport.http import too_large
 
     error = too_large("the request body has 5019 bytes, more than", 4096)
     assert error.message == "the request body has 5019 bytes, more than the limit of 4096 bytes (--max_message_bytes)"

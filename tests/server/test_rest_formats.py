@@ -10,15 +10,15 @@ import struct
 
 import numpy as np
 import pytest
+from servex.loader.errors import FailedPrecondition, InvalidArgument
+from servex.loader.saved_model import TensorSpec
+from servex.server.core import RequestInfo
+from servex.server.protocols.kserve import rest_api as rest_v2
+from servex.server.protocols.kserve import v2_types
+from servex.server.protocols.kserve.shared_memory import SharedMemoryRegistry
+from servex.server.protocols.tfserving.rest_api import decode_predict, encode_predict, fill_input
 from tensorflow.core.framework import types_pb2
 from tensorflow_serving.apis import regression_pb2
-
-from loader.errors import FailedPrecondition, InvalidArgument
-from loader.saved_model import TensorSpec
-from server import rest_v2, v2_types
-from server.core import RequestInfo
-from server.rest_tfserving import decode_predict, encode_predict, fill_input
-from server.shared_memory import SharedMemoryRegistry
 
 X = TensorSpec("x:0", types_pb2.DT_FLOAT, np.dtype(np.float32), (None, 2))
 S = TensorSpec("s:0", types_pb2.DT_STRING, np.dtype(object), (None,))
@@ -213,8 +213,7 @@ def test_outputs_json_and_binary():
 
 def test_versions_of_thousands_of_digits_are_refused_not_converted():
     from aiohttp.test_utils import make_mocked_request
-
-    from server.rest_tfserving import PREDICT_PATH, STATUS_PATH, _spec
+    from servex.server.protocols.tfserving.rest_api import PREDICT_PATH, STATUS_PATH, _spec
 
     digits = "1" + "0" * 5000  # int() refuses more than 4300 digits: ValueError, once a 500
     for match in (PREDICT_PATH.fullmatch(f"/v1/models/m/versions/{digits}:predict"),
@@ -239,9 +238,8 @@ def test_strings_nested_deeper_than_a_tensor_can_be():
 
 
 def test_examples_become_serialized_tensor_and_results_json():
+    from servex.server.protocols.tfserving.rest_api import encode_results, serialized_examples
     from tensorflow.core.example import example_pb2
-
-    from server.rest_tfserving import encode_results, serialized_examples
 
     tensor = serialized_examples({"context": {"c": 1}, "examples": [{"f": 1.5}, {"f": [2.0, 3.0]}]})
     assert tensor.dtype == object and tensor.shape == (2,)

@@ -1,4 +1,4 @@
-"""server/rpc.py: error messages bounded as gRPC sends them (percent-encoded), and requests that do not parse
+"""server/transport/rpc.py: error messages bounded as gRPC sends them (percent-encoded), and requests that do not parse
 handed to servex's methods instead of failing inside grpcio; a status for a call gRPC has ended dropped quietly."""
 
 from __future__ import annotations
@@ -8,9 +8,8 @@ import urllib.parse
 
 import grpc
 import pytest
+from servex.server.transport.rpc import MAX_MESSAGE_CHARS, Malformed, abort, bounded, lenient
 from tensorflow_serving.apis import predict_pb2
-
-from server.rpc import MAX_MESSAGE_CHARS, Malformed, abort, bounded, lenient
 
 
 def encoded(message: str) -> int:

@@ -1,4 +1,5 @@
-"""server/shared_memory.py: regions over real files (a folder standing in for /dev/shm), checked ranges, and
+"""server/protocols/kserve/shared_memory.py: regions over real files (a folder standing in for /dev/shm), checked
+ranges, and
 arrays read from a region that outlive its registration; memory that shrinks under a region, links and odd keys
 refused, and files closed when regions go."""
 
@@ -9,10 +10,9 @@ import re
 
 import numpy as np
 import pytest
-
-from loader.errors import AlreadyExists, InvalidArgument, NotFound, ResourceExhausted
-from server import shared_memory
-from server.shared_memory import SharedMemoryRegistry
+from servex.loader.errors import AlreadyExists, InvalidArgument, NotFound, ResourceExhausted
+from servex.server.protocols.kserve import shared_memory
+from servex.server.protocols.kserve.shared_memory import SharedMemoryRegistry
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""server/tls.py: TensorFlow Serving's SSLConfig files read, and every way one cannot serve TLS refused at start
+"""server/transport/tls.py: TensorFlow Serving's SSLConfig files read, and every way one cannot serve TLS refused at
+start
 with the field at fault named (gRPC itself would only fail to bind)."""
 
 from __future__ import annotations
@@ -7,9 +8,9 @@ import os
 
 import pytest
 from cryptography.hazmat.primitives import serialization
+from servex.server.config.settings import TlsSettings
+from servex.server.transport.tls import Certificates, TlsConfigError, check, not_after, read_pem_files, read_ssl_config
 
-from server.settings import TlsSettings
-from server.tls import Certificates, TlsConfigError, check, not_after, read_pem_files, read_ssl_config
 from tests.certificates import Authority, Pem, ssl_config
 
 
@@ -226,7 +227,7 @@ class TestRotation:
         assert fetch() is not None and certificates.tls.server_cert == good.cert
 
     def test_a_file_that_cannot_be_read_for_a_moment_is_read_again(self, files, authority, monkeypatch, caplog):
-        monkeypatch.setattr("server.tls.RETRY_S", 0.0)
+        monkeypatch.setattr("servex.server.transport.tls.RETRY_S", 0.0)
         certificates = Certificates(read_ssl_config(str(files)))
         fetch = certificates.fetcher()
         text = files.read_text()
@@ -245,7 +246,7 @@ class TestRotation:
         def broken(tls):
             raise RuntimeError("disk on fire")
 
-        monkeypatch.setattr("server.tls._reread", broken)
+        monkeypatch.setattr("servex.server.transport.tls._reread", broken)
         self.rewrite(files, files.read_text() + "\n")
         assert fetch() is None
         assert "TLS: checking" in caplog.text and "disk on fire" in caplog.text

@@ -1,4 +1,5 @@
-"""A Triton repository model's config.pbtxt against its SavedModel (server/v2_config.py): what a load checks, the
+"""A Triton repository model's config.pbtxt against its SavedModel (server/protocols/kserve/v2_config.py): what a load
+checks, the
 answer completed from the signature, the outputs it narrows the signature to, and its batching."""
 
 from __future__ import annotations
@@ -6,12 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from google.protobuf import text_format
-
-from executor.batching import NO_BATCHING, BatchingOptions
-from loader.errors import LoadError
-from loader.saved_model import Signature, TensorSpec
-from protos.inference import model_config_module
-from server import v2_config
+from servex.executor.batching import NO_BATCHING, BatchingOptions
+from servex.loader.errors import LoadError
+from servex.loader.saved_model import Signature, TensorSpec
+from servex.protos.inference import model_config_module
+from servex.server.protocols.kserve import v2_config
 
 FLOAT, INT64 = 1, 9  # TensorFlow's DataType numbers
 

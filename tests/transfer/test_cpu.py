@@ -9,10 +9,16 @@ import ml_dtypes
 import numpy as np
 import pytest
 from prometheus_client import REGISTRY
+from servex.transfer import DeviceError, H2DTransferExecutor, H2DTransferExecutorFactory, TransferFuture, make_factory
+from servex.transfer.cpu import (
+    ALIGN_COPY_MIN_BYTES,
+    ALIGNMENT,
+    CpuTransferExecutorFactory,
+    aligned_copy,
+    needs_aligned_copy,
+)
 
 from tests.transfer.gpu import without_gpu
-from transfer import DeviceError, H2DTransferExecutor, H2DTransferExecutorFactory, TransferFuture, make_factory
-from transfer.cpu import ALIGN_COPY_MIN_BYTES, ALIGNMENT, CpuTransferExecutorFactory, aligned_copy, needs_aligned_copy
 
 BIG = ALIGN_COPY_MIN_BYTES // 4  # float32 elements in an array just at the copy threshold
 
@@ -83,7 +89,7 @@ def test_transfer_returns_the_callers_list_when_nothing_is_copied():
         lambda: unaligned(2 * BIG, np.float16),
         lambda: unaligned(2 * BIG, ml_dtypes.bfloat16),
         lambda: np.arange(2 * BIG, dtype=np.float32).reshape(BIG, 2)[:, 0],  # strided
-        lambda: _unaligned_frombuffer(BIG),  # as server/tensors.py decodes tensor_content
+        lambda: _unaligned_frombuffer(BIG),  # as server/protocols/tfserving/tensors.py decodes tensor_content
     ],
     ids=["float32", "float16", "bfloat16", "strided", "frombuffer-bytes"],
 )
@@ -182,7 +188,7 @@ def test_unknown_device_names_the_known_kinds(device):
 
 @without_gpu
 def test_auto_falls_back_to_cpu_and_says_why(caplog):
-    with caplog.at_level(logging.WARNING, logger="transfer.base"):
+    with caplog.at_level(logging.WARNING, logger="servex.transfer.base"):
         factory = make_factory("auto")
     assert isinstance(factory, CpuTransferExecutorFactory)
     assert "--device=auto" in caplog.text and "falling back to cpu" in caplog.text

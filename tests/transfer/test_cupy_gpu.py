@@ -11,9 +11,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 from prometheus_client import REGISTRY
+from servex.transfer import DeviceError, make_factory
 
 from tests.transfer.gpu import requires_gpu
-from transfer import DeviceError, make_factory
 
 pytestmark = requires_gpu
 
@@ -52,7 +52,7 @@ def wait_then_copy(cp):
 
 @pytest.fixture(scope="module")
 def factory(cp):
-    from transfer.cupy_gpu import CupyTransferExecutorFactory
+    from servex.transfer.cupy_gpu import CupyTransferExecutorFactory
 
     made = CupyTransferExecutorFactory(0, chunk_bytes=1 << 20, max_buffers=3, copy_threads=2, handoff="cupy")
     yield made
@@ -109,7 +109,7 @@ def test_strings_and_bfloat16_stay_on_the_host(factory):
 
 
 def test_small_inputs_share_one_staging_buffer_and_buffers_are_reused(cp):
-    from transfer.cupy_gpu import CupyTransferExecutorFactory
+    from servex.transfer.cupy_gpu import CupyTransferExecutorFactory
 
     made = CupyTransferExecutorFactory(0, chunk_bytes=1 << 20, max_buffers=4, handoff="cupy")
     try:
@@ -256,7 +256,7 @@ def test_session_callers_get_host_arrays_counted_under_the_gpu(factory):
 def test_hand_off_to_tensorflow_by_dlpack(cp):
     tf = pytest.importorskip("tensorflow")
 
-    from transfer.cupy_gpu import CupyTransferExecutorFactory
+    from servex.transfer.cupy_gpu import CupyTransferExecutorFactory
 
     if not tf.config.list_physical_devices("GPU"):
         pytest.skip("TensorFlow sees no GPU here")

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from protos.servex.v1 import graph_executor_pb2 as protos_dot_servex_dot_v1_dot_graph__executor__pb2
+from servex.protos.servex.v1 import graph_executor_pb2 as servex_dot_protos_dot_servex_dot_v1_dot_graph__executor__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in protos/servex/v1/graph_executor_pb2_grpc.py depends on'
+        + ' but the generated code in servex/protos/servex/v1/graph_executor_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,8 +36,8 @@ class GraphExecutorStub:
         """
         self.Run = channel.unary_unary(
                 '/servex.v1.GraphExecutor/Run',
-                request_serializer=protos_dot_servex_dot_v1_dot_graph__executor__pb2.RunRequest.SerializeToString,
-                response_deserializer=protos_dot_servex_dot_v1_dot_graph__executor__pb2.RunResponse.FromString,
+                request_serializer=servex_dot_protos_dot_servex_dot_v1_dot_graph__executor__pb2.RunRequest.SerializeToString,
+                response_deserializer=servex_dot_protos_dot_servex_dot_v1_dot_graph__executor__pb2.RunResponse.FromString,
                 _registered_method=True)
 
 
@@ -55,8 +55,8 @@ def add_GraphExecutorServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Run': grpc.unary_unary_rpc_method_handler(
                     servicer.Run,
-                    request_deserializer=protos_dot_servex_dot_v1_dot_graph__executor__pb2.RunRequest.FromString,
-                    response_serializer=protos_dot_servex_dot_v1_dot_graph__executor__pb2.RunResponse.SerializeToString,
+                    request_deserializer=servex_dot_protos_dot_servex_dot_v1_dot_graph__executor__pb2.RunRequest.FromString,
+                    response_serializer=servex_dot_protos_dot_servex_dot_v1_dot_graph__executor__pb2.RunResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -84,8 +84,8 @@ class GraphExecutor:
             request,
             target,
             '/servex.v1.GraphExecutor/Run',
-            protos_dot_servex_dot_v1_dot_graph__executor__pb2.RunRequest.SerializeToString,
-            protos_dot_servex_dot_v1_dot_graph__executor__pb2.RunResponse.FromString,
+            servex_dot_protos_dot_servex_dot_v1_dot_graph__executor__pb2.RunRequest.SerializeToString,
+            servex_dot_protos_dot_servex_dot_v1_dot_graph__executor__pb2.RunResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from protos.servex.v1 import variables_pb2 as protos_dot_servex_dot_v1_dot_variables__pb2
+from servex.protos.servex.v1 import variables_pb2 as servex_dot_protos_dot_servex_dot_v1_dot_variables__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in protos/servex/v1/variables_pb2_grpc.py depends on'
+        + ' but the generated code in servex/protos/servex/v1/variables_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,18 +36,18 @@ class VariableServiceStub:
         """
         self.ListVariables = channel.unary_unary(
                 '/servex.v1.VariableService/ListVariables',
-                request_serializer=protos_dot_servex_dot_v1_dot_variables__pb2.ListVariablesRequest.SerializeToString,
-                response_deserializer=protos_dot_servex_dot_v1_dot_variables__pb2.ListVariablesResponse.FromString,
+                request_serializer=servex_dot_protos_dot_servex_dot_v1_dot_variables__pb2.ListVariablesRequest.SerializeToString,
+                response_deserializer=servex_dot_protos_dot_servex_dot_v1_dot_variables__pb2.ListVariablesResponse.FromString,
                 _registered_method=True)
         self.Prefetch = channel.unary_unary(
                 '/servex.v1.VariableService/Prefetch',
-                request_serializer=protos_dot_servex_dot_v1_dot_variables__pb2.PrefetchRequest.SerializeToString,
-                response_deserializer=protos_dot_servex_dot_v1_dot_variables__pb2.PrefetchResponse.FromString,
+                request_serializer=servex_dot_protos_dot_servex_dot_v1_dot_variables__pb2.PrefetchRequest.SerializeToString,
+                response_deserializer=servex_dot_protos_dot_servex_dot_v1_dot_variables__pb2.PrefetchResponse.FromString,
                 _registered_method=True)
         self.AssignVariable = channel.unary_unary(
                 '/servex.v1.VariableService/AssignVariable',
-                request_serializer=protos_dot_servex_dot_v1_dot_variables__pb2.AssignVariableRequest.SerializeToString,
-                response_deserializer=protos_dot_servex_dot_v1_dot_variables__pb2.AssignVariableResponse.FromString,
+                request_serializer=servex_dot_protos_dot_servex_dot_v1_dot_variables__pb2.AssignVariableRequest.SerializeToString,
+                response_deserializer=servex_dot_protos_dot_servex_dot_v1_dot_variables__pb2.AssignVariableResponse.FromString,
                 _registered_method=True)
 
 
@@ -77,18 +77,18 @@ def add_VariableServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'ListVariables': grpc.unary_unary_rpc_method_handler(
                     servicer.ListVariables,
-                    request_deserializer=protos_dot_servex_dot_v1_dot_variables__pb2.ListVariablesRequest.FromString,
-                    response_serializer=protos_dot_servex_dot_v1_dot_variables__pb2.ListVariablesResponse.SerializeToString,
+                    request_deserializer=servex_dot_protos_dot_servex_dot_v1_dot_variables__pb2.ListVariablesRequest.FromString,
+                    response_serializer=servex_dot_protos_dot_servex_dot_v1_dot_variables__pb2.ListVariablesResponse.SerializeToString,
             ),
             'Prefetch': grpc.unary_unary_rpc_method_handler(
                     servicer.Prefetch,
-                    request_deserializer=protos_dot_servex_dot_v1_dot_variables__pb2.PrefetchRequest.FromString,
-                    response_serializer=protos_dot_servex_dot_v1_dot_variables__pb2.PrefetchResponse.SerializeToString,
+                    request_deserializer=servex_dot_protos_dot_servex_dot_v1_dot_variables__pb2.PrefetchRequest.FromString,
+                    response_serializer=servex_dot_protos_dot_servex_dot_v1_dot_variables__pb2.PrefetchResponse.SerializeToString,
             ),
             'AssignVariable': grpc.unary_unary_rpc_method_handler(
                     servicer.AssignVariable,
-                    request_deserializer=protos_dot_servex_dot_v1_dot_variables__pb2.AssignVariableRequest.FromString,
-                    response_serializer=protos_dot_servex_dot_v1_dot_variables__pb2.AssignVariableResponse.SerializeToString,
+                    request_deserializer=servex_dot_protos_dot_servex_dot_v1_dot_variables__pb2.AssignVariableRequest.FromString,
+                    response_serializer=servex_dot_protos_dot_servex_dot_v1_dot_variables__pb2.AssignVariableResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -116,8 +116,8 @@ class VariableService:
             request,
             target,
             '/servex.v1.VariableService/ListVariables',
-            protos_dot_servex_dot_v1_dot_variables__pb2.ListVariablesRequest.SerializeToString,
-            protos_dot_servex_dot_v1_dot_variables__pb2.ListVariablesResponse.FromString,
+            servex_dot_protos_dot_servex_dot_v1_dot_variables__pb2.ListVariablesRequest.SerializeToString,
+            servex_dot_protos_dot_servex_dot_v1_dot_variables__pb2.ListVariablesResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -143,8 +143,8 @@ class VariableService:
             request,
             target,
             '/servex.v1.VariableService/Prefetch',
-            protos_dot_servex_dot_v1_dot_variables__pb2.PrefetchRequest.SerializeToString,
-            protos_dot_servex_dot_v1_dot_variables__pb2.PrefetchResponse.FromString,
+            servex_dot_protos_dot_servex_dot_v1_dot_variables__pb2.PrefetchRequest.SerializeToString,
+            servex_dot_protos_dot_servex_dot_v1_dot_variables__pb2.PrefetchResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -170,8 +170,8 @@ class VariableService:
             request,
             target,
             '/servex.v1.VariableService/AssignVariable',
-            protos_dot_servex_dot_v1_dot_variables__pb2.AssignVariableRequest.SerializeToString,
-            protos_dot_servex_dot_v1_dot_variables__pb2.AssignVariableResponse.FromString,
+            servex_dot_protos_dot_servex_dot_v1_dot_variables__pb2.AssignVariableRequest.SerializeToString,
+            servex_dot_protos_dot_servex_dot_v1_dot_variables__pb2.AssignVariableResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -8,11 +8,10 @@ import logging
 from pathlib import Path
 
 from google.protobuf import text_format
-
-from executor.batching import BatchingOptions
-from loader.errors import InvalidArgument
-from protos.servex.v1 import batching_pb2
-from server.settings import ServerSettings
+from servex.executor.batching import BatchingOptions
+from servex.loader.errors import InvalidArgument
+from servex.protos.servex.v1 import batching_pb2
+from servex.server.config.settings import ServerSettings
 
 log = logging.getLogger("servex")
 

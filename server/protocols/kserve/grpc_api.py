@@ -1,9 +1,11 @@
 """The KServe v2 / Open Inference Protocol gRPC API (`inference.GRPCInferenceService`, what tritonclient.grpc
 calls) over the ServingCore.
 
-Thin: decode the request with `server/v2_types.py`, call the core, encode the answer. A v2 model is a servex
+Thin: decode the request with `server/protocols/kserve/v2_types.py`, call the core, encode the answer. A v2 model is a
+servex
 model; its tensors are the `serving_default` signature's input and output aliases. Triton's ModelConfig and
-ModelStatistics are answered from what is served (server/v2_config.py, server/v2_stats.py). `KServeService` serves the
+ModelStatistics are answered from what is served (server/protocols/kserve/v2_config.py,
+server/protocols/kserve/v2_stats.py). `KServeService` serves the
 inference methods on the main port; `RepositoryService` serves the model repository extension on the admin port
 (load: add the model to the served config; unload: take it out), with the read-only ModelReady, ModelMetadata and
 ModelConfig that a client asks after a load, and the main port answers the repository methods UNIMPLEMENTED.
@@ -22,18 +24,28 @@ from importlib import metadata
 
 import grpc
 from google.protobuf import json_format
-
-from loader.errors import InvalidArgument, ServingError, Unimplemented
-from loader.manager import AVAILABLE
-from protos.inference import grpc_service_pb2 as pb
-from protos.inference import grpc_service_pb2_grpc as pb_grpc
-from protos.inference import model_config_pb2
-from server import tensors, v2_config, v2_settings, v2_stats, v2_types
-from server.core import DEFAULT_SIGNATURE, REQUEST, RequestInfo, ServingCore, checked_priority
-from server.repository import BASE_PATH, ModelRepository
-from server.rpc import Malformed, abort, bounded, check_answer_size, ended_code, model_name, record, request_info, rpc
-from server.shared_memory import NO_CUDA_MEMORY
-from server.v2_config import PLATFORM
+from servex.loader.errors import InvalidArgument, ServingError, Unimplemented
+from servex.loader.manager import AVAILABLE
+from servex.protos.inference import grpc_service_pb2 as pb
+from servex.protos.inference import grpc_service_pb2_grpc as pb_grpc
+from servex.protos.inference import model_config_pb2
+from servex.server.core import DEFAULT_SIGNATURE, REQUEST, RequestInfo, ServingCore, checked_priority
+from servex.server.protocols.kserve import v2_config, v2_settings, v2_stats, v2_types
+from servex.server.protocols.kserve.repository import BASE_PATH, ModelRepository
+from servex.server.protocols.kserve.shared_memory import NO_CUDA_MEMORY
+from servex.server.protocols.kserve.v2_config import PLATFORM
+from servex.server.protocols.tfserving import tensors
+from servex.server.transport.rpc import (
+    Malformed,
+    abort,
+    bounded,
+    check_answer_size,
+    ended_code,
+    model_name,
+    record,
+    request_info,
+    rpc,
+)
 
 log = logging.getLogger(__name__)
 
@@ -285,7 +297,7 @@ class KServeService(_ServerCalls, _ModelCalls, pb_grpc.GRPCInferenceServiceServi
 
     ModelStreamInfer.parses_malformed = True
 
-    # -- Triton's system shared memory extension (server/shared_memory.py) ------------------------------
+    # -- Triton's system shared memory extension (server/protocols/kserve/shared_memory.py)---------------------------
 
     @rpc
     async def SystemSharedMemoryStatus(self, request, context):
@@ -374,7 +386,8 @@ def _admin_only(method: str) -> Unimplemented:
 
 
 class RepositoryService(_ServerCalls, _ModelCalls, pb_grpc.GRPCInferenceServiceServicer):
-    """The model repository extension (server/repository.py) over gRPC on the admin port, with the read-only
+    """The model repository extension (server/protocols/kserve/repository.py) over gRPC on the admin port, with the
+    read-only
     calls a client makes after a load."""
 
     extensions = ADMIN_EXTENSIONS

@@ -26,7 +26,7 @@ import logging
 import threading
 from typing import Any
 
-from loader.errors import FailedPrecondition, InvalidArgument, Unimplemented
+from servex.loader.errors import FailedPrecondition, InvalidArgument, Unimplemented
 
 log = logging.getLogger("servex")
 

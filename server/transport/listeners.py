@@ -23,8 +23,7 @@ import stat
 from collections.abc import Sequence
 
 import grpc
-
-from server.rpc import lenient
+from servex.server.transport.rpc import lenient
 
 
 class ListenerGroup(grpc.aio.Server):

@@ -13,11 +13,10 @@ from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError
-
-from executor.run_handler import DeadlineExceeded
-from loader.errors import InvalidArgument, ResourceExhausted, ServingError
-from server import metrics
-from server.core import REQUEST, RequestInfo, priority_from_text
+from servex.executor.run_handler import DeadlineExceeded
+from servex.loader.errors import InvalidArgument, ResourceExhausted, ServingError
+from servex.server.core import REQUEST, RequestInfo, priority_from_text
+from servex.server.observability import metrics
 
 log = logging.getLogger(__name__)
 

@@ -6,8 +6,9 @@
 - ``GET /v2/models/{name}[/versions/{v}]``: model metadata (the ``serving_default`` signature's inputs and
   outputs, v2 datatypes, -1 for unknown dimensions; none for a model without that signature); ``.../ready``: 200
   (``{"name": ..., "ready": true}``) when that version serves, else 4xx; ``.../config``: the model's
-  configuration in Triton's form (server/v2_config.py); ``.../stats`` and ``GET /v2/models/stats``: inference
-  statistics as Triton counts them (server/v2_stats.py).
+  configuration in Triton's form (server/protocols/kserve/v2_config.py); ``.../stats`` and ``GET /v2/models/stats``:
+  inference
+  statistics as Triton counts them (server/protocols/kserve/v2_stats.py).
 - ``POST .../infer``: JSON tensors ``{"name", "shape", "datatype", "data"}`` (data flat or nested; a null
   ``id``, ``parameters`` or ``outputs`` is taken as absent, as KServe writes them) and the binary
   tensor extension: with header ``Inference-Header-Content-Length: N`` the first N bytes are the JSON and the
@@ -20,7 +21,7 @@
   ``signature_name`` (servex's extension: the signature to run, default ``serving_default``).
 
 Every ``GET`` endpoint answers ``HEAD`` too; another method on an endpoint's path is 405 with ``Allow``. Errors are
-``{"error": "..."}`` with the status of server/rest.py's mapping.
+``{"error": "..."}`` with the status of server/transport/http.py's mapping.
 """
 
 from __future__ import annotations
@@ -32,15 +33,22 @@ from typing import Any
 
 import numpy as np
 from aiohttp import web
-
-from loader.errors import FailedPrecondition, InvalidArgument, NotFound, ServingError, Unimplemented
-from server import rest_codec as codec
-from server import v2_config, v2_settings, v2_stats, v2_types
-from server.core import DEFAULT_SIGNATURE, RequestInfo, checked_priority
-from server.repository import BASE_PATH
-from server.rest import Call, HttpError, Rest, accepts_compression, json_response, offload, payload_bytes
-from server.shared_memory import NO_CUDA_MEMORY
-from server.v2_config import PLATFORM
+from servex.loader.errors import FailedPrecondition, InvalidArgument, NotFound, ServingError, Unimplemented
+from servex.server.core import DEFAULT_SIGNATURE, RequestInfo, checked_priority
+from servex.server.protocols.kserve import v2_config, v2_settings, v2_stats, v2_types
+from servex.server.protocols.kserve.repository import BASE_PATH
+from servex.server.protocols.kserve.shared_memory import NO_CUDA_MEMORY
+from servex.server.protocols.kserve.v2_config import PLATFORM
+from servex.server.transport import json_codec as codec
+from servex.server.transport.http import (
+    Call,
+    HttpError,
+    Rest,
+    accepts_compression,
+    json_response,
+    offload,
+    payload_bytes,
+)
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 _INT64_MAX = 2**63 - 1
@@ -111,7 +119,8 @@ def _cut(text: str, limit: int = 40) -> str:
 
 
 async def repository(rest: Rest, request: web.Request, call: Call, info: RequestInfo) -> web.Response:
-    """Triton's model repository extension (server/repository.py): POST /v2/repository/index (``{"ready": bool}``)
+    """Triton's model repository extension (server/protocols/kserve/repository.py): POST /v2/repository/index
+    (``{"ready": bool}``)
     answers the models and their versions' states; .../models/{name}/load and /unload. Served here only in explicit
     model control of a Triton model repository, as Triton serves it; else on the admin port, over gRPC."""
     models = rest.core.model_repository
@@ -144,7 +153,7 @@ async def repository(rest: Rest, request: web.Request, call: Call, info: Request
     return web.Response(status=200)
 
 
-# -- Triton's system shared memory extension (server/shared_memory.py) -----------------------------------
+# -- Triton's system shared memory extension (server/protocols/kserve/shared_memory.py)-------------------------------
 
 
 async def shared_memory_status(rest: Rest, request: web.Request, call: Call, info: RequestInfo) -> web.Response:
@@ -169,7 +178,8 @@ async def shared_memory_unregister(rest: Rest, request: web.Request, call: Call,
 
 
 async def logging_settings(rest: Rest, request: web.Request, call: Call, info: RequestInfo) -> web.Response:
-    """Triton's log settings: GET reads them, POST changes those its JSON object names (server/v2_settings.py)."""
+    """Triton's log settings: GET reads them, POST changes those its JSON object names
+    (server/protocols/kserve/v2_settings.py)."""
     changes = {}
     if request.method == "POST":
         body = await rest.body(request, json=True)

@@ -13,8 +13,7 @@ import os
 import prometheus_client
 from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import HistogramMetricFamily, Metric
-
-from executor.statistics import statistics
+from servex.executor.statistics import statistics
 
 log = logging.getLogger(__name__)
 prometheus_client.disable_created_metrics()  # the *_created gauges only add series nobody graphs
@@ -53,7 +52,7 @@ REQUEST_LATENCY = Histogram(
     buckets=LATENCY_BUCKETS,
 )
 
-# TLS of the gRPC ports (server/tls.py), labelled by the file the certificate comes from (--ssl_config_file or
+# TLS of the gRPC ports (server/transport/tls.py), labelled by the file the certificate comes from (--ssl_config_file or
 # --ssl_server_cert_file); no series without TLS.
 TLS_NOT_AFTER = Gauge(
     "servex_tls_certificate_expiry_timestamp_seconds",
@@ -306,7 +305,7 @@ class TritonNames:
     )  # fmt: skip
 
     def collect(self):
-        from executor import statistics
+        from servex.executor import statistics
 
         def family(name: str, documentation: str) -> Metric:
             return Metric(name, documentation, "unknown")

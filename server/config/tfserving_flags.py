@@ -150,9 +150,8 @@ def platform_config(path: str, fail, notes: list[str]) -> PlatformConfig:
     a SavedModelBundleSourceAdapterConfig; ``fail`` names what cannot be used, ``notes`` gets what changes nothing
     (TensorFlow is imported: the session config is a TensorFlow ConfigProto)."""
     from google.protobuf.message import DecodeError
+    from servex.protos.servex.v1.platform_config_pb2 import SavedModelBundleSourceAdapterConfig  # the Any's type
     from tensorflow_serving.config import platform_config_pb2
-
-    from protos.servex.v1.platform_config_pb2 import SavedModelBundleSourceAdapterConfig  # the Any's type
 
     where = f"--platform_config_file {path!r}"
     try:
@@ -251,7 +250,7 @@ def channel_arguments(text: str, fail, notes: list[str]) -> tuple[tuple[str, int
 
 def prometheus_path(path: str, fail) -> str:
     """The REST path of --monitoring_config_file's Prometheus metrics; empty when it does not enable them."""
-    from protos.servex.v1 import monitoring_pb2
+    from servex.protos.servex.v1 import monitoring_pb2
 
     try:
         config = text_format.Parse(Path(path).read_text(encoding="utf-8"), monitoring_pb2.MonitoringConfig())

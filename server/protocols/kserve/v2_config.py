@@ -21,13 +21,12 @@ import dataclasses
 
 from google.protobuf import json_format
 from google.protobuf.descriptor import FieldDescriptor
-
-from executor.batching import NO_BATCHING, BatchingOptions
-from loader.config import VersionPolicy
-from loader.errors import LoadError
-from loader.model_repository import BACKEND, DEFAULT_MODEL_FILENAME, PLATFORM
-from server import v2_types
-from server.core import DEFAULT_SIGNATURE, ServingCore
+from servex.executor.batching import NO_BATCHING, BatchingOptions
+from servex.loader.config import VersionPolicy
+from servex.loader.errors import LoadError
+from servex.loader.model_repository import BACKEND, DEFAULT_MODEL_FILENAME, PLATFORM
+from servex.server.core import DEFAULT_SIGNATURE, ServingCore
+from servex.server.protocols.kserve import v2_types
 
 
 def model_config(core: ServingCore, name: str, version: int | None) -> dict:

@@ -1,6 +1,8 @@
 """Triton's model repository extension (index, load, unload) over the served config, for every protocol: gRPC
-(server/kserve.py, ``RepositoryService`` on the admin port, and ``KServeService`` on the main port in explicit model
-control of a Triton model repository) and REST (server/rest_v2.py, ``/v2/repository/...``, there in that mode).
+(server/protocols/kserve/grpc_api.py, ``RepositoryService`` on the admin port, and ``KServeService`` on the main port
+in explicit model
+control of a Triton model repository) and REST (server/protocols/kserve/rest_api.py, ``/v2/repository/...``, there in
+that mode).
 
 Load adds a model to the served config (``lifecycle.specs``, applied by ``lifecycle.apply``) and answers once it
 is served; unload takes it out (in-flight requests finish first). With Triton model repositories, models are loaded
@@ -12,9 +14,9 @@ from __future__ import annotations
 
 import asyncio
 
-from loader.config import ModelSpec
-from loader.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
-from loader.manager import AVAILABLE, END, LOADING, UNLOADING
+from servex.loader.config import ModelSpec
+from servex.loader.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
+from servex.loader.manager import AVAILABLE, END, LOADING, UNLOADING
 
 BASE_PATH = "base_path"  # the load parameter naming a folder of version folders
 RESTRICTION_FLAGS = {"grpc": "grpc-restricted-protocol", "http": "http-restricted-api"}  # Triton's

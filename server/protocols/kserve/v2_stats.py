@@ -13,10 +13,10 @@ no response cache.
 
 from __future__ import annotations
 
-from executor.statistics import Duration, statistics
-from loader.errors import InvalidArgument
-from loader.manager import AVAILABLE
-from server.core import ServingCore
+from servex.executor.statistics import Duration, statistics
+from servex.loader.errors import InvalidArgument
+from servex.loader.manager import AVAILABLE
+from servex.server.core import ServingCore
 
 _ZERO = {"count": 0, "ns": 0}
 

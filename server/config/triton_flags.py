@@ -108,7 +108,7 @@ def _int_or_bool(text: str) -> int:
 
 def add_triton_flags(p: argparse.ArgumentParser, bool_type) -> None:
     """Triton's flags, each with a ``triton_`` destination so that none collides with TensorFlow Serving's."""
-    g = p.add_argument_group("Triton's command line (a Triton model repository; see server/triton_flags.py)")
+    g = p.add_argument_group("Triton's command line (a Triton model repository; see server/config/triton_flags.py)")
     g.add_argument(
         "--model-repository",
         "--model-store",

@@ -9,19 +9,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from importlib import resources
 
-from server.cores import usable_cores
+from servex.server.cores import usable_cores
 
 DEMO_MODEL_NAME = "demo"
 
 
 def demo_model_base_path() -> str:
     """The small SavedModel shipped inside the distribution, served when no model is given."""
-    return str(resources.files("server") / "demo_model")
+    return str(resources.files("servex.server") / "demo_model")
 
 
 @dataclass(frozen=True)
 class TlsSettings:
-    """TLS of the gRPC ports (TensorFlow Serving's SSLConfig; server/tls.py reads and checks one): PEM text."""
+    """TLS of the gRPC ports (TensorFlow Serving's SSLConfig; server/transport/tls.py reads and checks one): PEM
+    text."""
 
     # The server's private key, unencrypted (left out of the dataclass's repr).
     server_key: str = field(repr=False)

@@ -3,11 +3,11 @@ optional explicit graph name, over the ServingCore."""
 
 from __future__ import annotations
 
-from loader.errors import InvalidArgument
-from protos.servex.v1 import graph_executor_pb2, graph_executor_pb2_grpc
-from server import tensors
-from server.core import REQUEST, ServingCore, checked_priority
-from server.rpc import rpc
+from servex.loader.errors import InvalidArgument
+from servex.protos.servex.v1 import graph_executor_pb2, graph_executor_pb2_grpc
+from servex.server.core import REQUEST, ServingCore, checked_priority
+from servex.server.protocols.tfserving import tensors
+from servex.server.transport.rpc import rpc
 
 
 def model_ref(model) -> tuple[str, int | None, str]:

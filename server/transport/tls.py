@@ -26,8 +26,7 @@ import time
 from pathlib import Path
 
 from google.protobuf import text_format
-
-from server.settings import TlsSettings
+from servex.server.config.settings import TlsSettings
 
 log = logging.getLogger("servex")
 
@@ -42,7 +41,7 @@ class TlsReadError(TlsConfigError):
 
 def read_ssl_config(path: str) -> TlsSettings:
     """The checked TLS settings of the SSLConfig file at ``path``; TlsConfigError saying what is wrong."""
-    from protos.servex.v1 import ssl_config_pb2
+    from servex.protos.servex.v1 import ssl_config_pb2
 
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -208,8 +207,8 @@ class Certificates:
         self._reported = None  # the files' state whose failure to read was logged
         self._lock = threading.Lock()
         # the metrics (not imported at module level: server/cli.py reads TLS files before TensorFlow is imported,
-        # and server/metrics.py imports it), labelled by the certificate's file
-        from server.metrics import TLS_NOT_AFTER, TLS_OUTCOMES, TLS_RELOADS
+        # and server/observability/metrics.py imports it), labelled by the certificate's file
+        from servex.server.observability.metrics import TLS_NOT_AFTER, TLS_OUTCOMES, TLS_RELOADS
 
         file = tls.sources[0] if tls.sources else ""
         self._not_after = TLS_NOT_AFTER.labels(file)

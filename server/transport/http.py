@@ -1,6 +1,6 @@
 """servex's REST port (``--rest_api_port``): an aiohttp server on the gRPC server's event loop that serves
-TensorFlow Serving's REST API (``/v1/...``, server/rest_tfserving.py) and KServe v2 REST (``/v2/...``,
-server/rest_v2.py).
+TensorFlow Serving's REST API (``/v1/...``, server/protocols/tfserving/rest_api.py) and KServe v2 REST (``/v2/...``,
+server/protocols/kserve/rest_api.py).
 
 This module owns what every REST call shares: the HTTP status of each error (TensorFlow Serving's mapping of
 gRPC codes, below), the ``{"error": "..."}`` body, request metrics (the same ``servex_requests_total`` and
@@ -31,12 +31,11 @@ import numpy as np
 import orjson
 from aiohttp import http_exceptions, web
 from aiohttp.web import ContentCoding
-
-from executor.run_handler import DeadlineExceeded
-from loader.errors import InvalidArgument, ServingError
-from server import tensors
-from server.core import REQUEST, RequestInfo, ServingCore, priority_from_text
-from server.rpc import PRIORITY_METADATA, record
+from servex.executor.run_handler import DeadlineExceeded
+from servex.loader.errors import InvalidArgument, ServingError
+from servex.server.core import REQUEST, RequestInfo, ServingCore, priority_from_text
+from servex.server.protocols.tfserving import tensors
+from servex.server.transport.rpc import PRIORITY_METADATA, record
 
 log = logging.getLogger(__name__)
 
@@ -337,7 +336,8 @@ class RestServer:
         cors: bool = False,
         batching: bool = False,
     ):
-        from server import rest_tfserving, rest_v2
+        from servex.server.protocols.kserve import rest_api as rest_v2
+        from servex.server.protocols.tfserving import rest_api as rest_tfserving
 
         self.rest = Rest(core, max_body_bytes, timeout_s)
         self.address, self.port = address, port
@@ -404,7 +404,7 @@ async def _prometheus(request: web.Request, batching: bool = False) -> web.Respo
     """The metrics, as on --metrics_port, and TensorFlow Serving's metrics under its names (generated off the event
     loop: a scrape walks every series); ``batching``: servex's --enable_batching (TensorFlow Serving's batching
     metrics only then)."""
-    from server.metrics import exposition
+    from servex.server.observability.metrics import exposition
 
     loop = asyncio.get_running_loop()
     body, content_type = await loop.run_in_executor(tensors.REQUEST_WORK, exposition, True, batching)
@@ -446,5 +446,5 @@ class _ClientErrorsAtDebug(logging.Filter):
 
 
 # The REST server's own aiohttp logger (aiohttp's default is "aiohttp.server").
-_http_log = logging.getLogger("server.rest.http")
+_http_log = logging.getLogger("servex.server.transport.http.http")
 _http_log.addFilter(_ClientErrorsAtDebug())

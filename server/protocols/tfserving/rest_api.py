@@ -8,12 +8,14 @@
   ``{"inputs": ...}`` answered ``{"outputs": ...}``; optional ``signature_name``. DT_STRING values are JSON
   strings or ``{"b64": "..."}``; a DT_STRING output whose alias ends in ``_bytes`` is written ``{"b64": ...}``.
 - ``POST ...:classify`` / ``...:regress``: ``{"examples": [...], "context": {...}}`` in TensorFlow Serving's JSON
-  tf.Example format, run by server/examples.py's steps as the gRPC Classify/Regress; ``{"results": [...]}``. The
+  tf.Example format, run by server/protocols/tfserving/examples.py's steps as the gRPC Classify/Regress; ``{"results":
+  [...]}``. The
   JSON becomes serialized tf.Examples, and the results JSON, on a worker thread when the body is large
   (``EXAMPLES_OFFLOAD_BYTES``), so that a small compressed body of millions of examples holds no other call.
 
 Paths are matched case-insensitively with TensorFlow Serving's own patterns (``HEAD`` as ``GET``); any other
-``/v1/`` path is 400 "Malformed request". Errors are ``{"error": "..."}`` with the status of server/rest.py's mapping.
+``/v1/`` path is 400 "Malformed request". Errors are ``{"error": "..."}`` with the status of server/transport/http.py's
+mapping.
 """
 
 from __future__ import annotations
@@ -30,16 +32,15 @@ from urllib.parse import unquote
 import numpy as np
 from aiohttp import web
 from google.protobuf import json_format
+from servex.loader.errors import InvalidArgument, NotFound
+from servex.loader.saved_model import TensorSpec
+from servex.server.core import REQUEST, RequestInfo
+from servex.server.protocols.tfserving import examples
+from servex.server.protocols.tfserving.grpc_api import in_tfserving_words, model_status_response
+from servex.server.transport import json_codec as codec
+from servex.server.transport.http import Call, Rest, json_response, offload, payload_bytes
 from tensorflow.core.example import example_pb2, feature_pb2
 from tensorflow_serving.apis import classification_pb2, input_pb2, regression_pb2
-
-from loader.errors import InvalidArgument, NotFound
-from loader.saved_model import TensorSpec
-from server import examples
-from server import rest_codec as codec
-from server.core import REQUEST, RequestInfo
-from server.rest import Call, Rest, json_response, offload, payload_bytes
-from server.tfserving import in_tfserving_words, model_status_response
 
 _SPEC = r"/v1/models/([^/:]+)(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?"
 PREDICT_PATH = re.compile(_SPEC + r":(classify|regress|predict)", re.IGNORECASE)
@@ -334,7 +335,8 @@ def encode_predict(outputs: dict[str, np.ndarray], row: bool) -> bytes:
 async def classify_regress(
     rest: Rest, request: web.Request, verb: str, name: str, version: int | None, label: str
 ) -> web.Response:
-    """The steps of server/examples.py's Classify/Regress, with the costly ones (JSON -> tf.Examples -> their
+    """The steps of server/protocols/tfserving/examples.py's Classify/Regress, with the costly ones (JSON ->
+    tf.Examples -> their
     bytes, and results -> JSON: Python per example) on a worker thread when the body is large."""
     doc, size = await _document(rest, request)
     signature_name = doc.get("signature_name", "")

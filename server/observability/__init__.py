@@ -1,0 +1,1 @@
+"""servex.server.observability."""
