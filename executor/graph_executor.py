@@ -23,6 +23,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.core.framework import types_pb2
+from tensorflow.core.protobuf import config_pb2
+
 from servex.executor.cost_model import ThreadModeChooser
 from servex.executor.metrics import CacheMetrics
 from servex.executor.op_policy import OpPolicy
@@ -30,8 +33,6 @@ from servex.loader.errors import InvalidArgument, ServingError, error_with_code
 from servex.loader.saved_model import SavedModelVersion, shape_matches, shape_text, walk
 from servex.loader.variables import PREPARE_POOL
 from servex.transfer import H2DTransferExecutorFactory, make_factory
-from tensorflow.core.framework import types_pb2
-from tensorflow.core.protobuf import config_pb2
 
 log = logging.getLogger(__name__)
 

@@ -6,6 +6,7 @@ import os
 from collections.abc import Callable
 
 from prometheus_client import Counter, Gauge, Histogram
+
 from servex.executor.statistics import statistics
 from servex.loader.variables import VariableHooks, VariableStore
 

@@ -23,9 +23,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from tensorflow.python.framework import op_def_registry
+
 from servex.loader.errors import PermissionDenied
 from servex.loader.saved_model import walk
-from tensorflow.python.framework import op_def_registry
 
 # Ops that change state every client of the model shares, or read, write or list files. Grouped by what they do;
 # TensorFlow 2.21's op registry was the source (a test checks that every optimizer, scatter and assign op it

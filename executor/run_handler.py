@@ -45,6 +45,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
 import numpy as np
+
 from servex.executor.answers import Held, Outbox
 from servex.executor.batching import BatchingOptions, PaddedBatch, batch_rows, pad_to_common_shape, string_bytes
 from servex.executor.cost_model import VERIFY_REQUESTS, GraphCost, answers_agree

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import tensorflow as tf
-from servex.loader.errors import LoadError
 from tensorflow.core.framework import graph_pb2
 from tensorflow.core.protobuf import meta_graph_pb2
+
+from servex.loader.errors import LoadError
 
 VARIABLE_OPS = frozenset({"VariableV2", "Variable", "VarHandleOp"})
 ASSIGN_OPS = frozenset({"Assign", "AssignVariableOp"})

@@ -11,8 +11,9 @@ import re
 from dataclasses import dataclass, field
 
 from google.protobuf import text_format
-from servex.loader.errors import InvalidArgument
 from tensorflow_serving.config import model_server_config_pb2
+
+from servex.loader.errors import InvalidArgument
 
 _VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 

@@ -30,6 +30,7 @@ import os
 from dataclasses import dataclass
 
 from google.protobuf import text_format
+
 from servex.loader.config import ModelSpec, VersionPolicy
 from servex.loader.errors import InvalidArgument
 from servex.protos.inference import model_config_module

@@ -13,6 +13,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.core.framework import graph_pb2, types_pb2
+from tensorflow.core.protobuf import meta_graph_pb2
+from tensorflow.python.framework import versions
+from tensorflow.python.saved_model import loader_impl
+
 from servex.loader.checkpoint import (
     VARIABLE_OPS,
     Checkpoint,
@@ -23,10 +28,6 @@ from servex.loader.checkpoint import (
 )
 from servex.loader.errors import LoadError
 from servex.loader.variables import RestoreOp, VariableHooks, VariableRecord, VariableStore
-from tensorflow.core.framework import graph_pb2, types_pb2
-from tensorflow.core.protobuf import meta_graph_pb2
-from tensorflow.python.framework import versions
-from tensorflow.python.saved_model import loader_impl
 
 log = logging.getLogger(__name__)
 

@@ -26,6 +26,7 @@ from functools import partial
 
 import numpy as np
 import tensorflow as tf
+
 from servex.loader.errors import InvalidArgument, NotFound, ServingError, error_with_code
 
 log = logging.getLogger(__name__)

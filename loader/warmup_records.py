@@ -6,8 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import tensorflow as tf
-from servex.loader.errors import LoadError
 from tensorflow_serving.apis import prediction_log_pb2
+
+from servex.loader.errors import LoadError
 
 WARMUP_FILE = Path("assets.extra", "tf_serving_warmup_requests")
 MAX_RECORDS = 1000  # TensorFlow Serving's bound

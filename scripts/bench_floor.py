@@ -41,6 +41,7 @@ def serve(mode: str, port: int, model_dir: str) -> None:
     """One rung (listeners, handoff or tf) as a gRPC server on ``port``, until killed."""
     import grpc
     import numpy as np
+
     from servex.executor.run_handler import RunHandler, Ticket
     from servex.loader.config import ModelSpec
     from servex.protos.inference import grpc_service_pb2 as pb
@@ -96,6 +97,7 @@ def in_process(model_dir: str, rounds: int = 7, requests: int = 19_200) -> None:
 
     import numpy as np
     from grpc_health.v1 import health
+
     from servex.executor.run_handler import BatchingOptions, RunHandler
     from servex.protos.inference import grpc_service_pb2 as pb
     from servex.server.app import Lifecycle, initial_specs, make_manager

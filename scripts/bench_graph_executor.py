@@ -23,9 +23,10 @@ sys.path.insert(0, str(REPO))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
+from tensorflow.core.protobuf import config_pb2  # noqa: E402
+
 from servex.executor import GraphExecutor  # noqa: E402
 from servex.loader import load_saved_model  # noqa: E402
-from tensorflow.core.protobuf import config_pb2  # noqa: E402
 
 
 def per_call_us(fn, iterations: int) -> float:

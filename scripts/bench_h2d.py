@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
+
 from servex.transfer.base import DeviceError  # noqa: E402
 from servex.transfer.cupy_gpu import CHUNK_BYTES, COPY_THREADS, MAX_BUFFERS, CupyTransferExecutorFactory, import_cupy  # noqa: E402
 

@@ -37,6 +37,7 @@ tf.saved_model.save(module, sys.argv[1], signatures={"serving_default": module.f
 def child(path: str, lazy: bool) -> dict:
     sys.path.insert(0, str(REPO))
     import numpy as np
+
     from servex.executor import GraphExecutor
     from servex.loader import load_saved_model
 

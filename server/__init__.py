@@ -8,7 +8,7 @@ SSLConfig), the services (TensorFlow Serving's
 PredictionService and ModelService, KServe v2 / Triton, servex.v1, health, reflection), REST, the Prometheus
 /metrics endpoint and shutdown. Protocol adapters (server/protocols/tfserving/grpc_api.py,
 server/protocols/kserve/grpc_api.py, server/rest_*.py) are thin: they decode tensors
-(server/protocols/tfserving/tensors.py, server/protocols/kserve/v2_types.py; Triton's
+(server/transport/tensors.py, server/protocols/kserve/v2_types.py; Triton's
 shared memory regions in server/protocols/kserve/shared_memory.py; Triton's log and trace settings in
 server/protocols/kserve/v2_settings.py) and
 call the one ServingCore (server/core.py), which hands runs to `executor/`. server/warmup.py replays a version's

@@ -18,6 +18,13 @@ import grpc
 import tensorflow as tf
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from tensorflow_serving.apis import (
+    model_service_pb2,
+    model_service_pb2_grpc,
+    prediction_service_pb2,
+    prediction_service_pb2_grpc,
+)
+
 from servex.executor import GraphExecutor, RunHandler
 from servex.executor.metrics import CacheMetrics, VariableMetrics
 from servex.loader import ModelManager, load_saved_model
@@ -41,12 +48,6 @@ from servex.server.transport.http import RestServer
 from servex.server.transport.listeners import ListenerGroup, refuse_if_served
 from servex.server.warmup import Warmup
 from servex.transfer import DeviceError, make_factory
-from tensorflow_serving.apis import (
-    model_service_pb2,
-    model_service_pb2_grpc,
-    prediction_service_pb2,
-    prediction_service_pb2_grpc,
-)
 
 log = logging.getLogger("servex")
 
@@ -573,6 +574,10 @@ class _Ports:
                  ", TLS" + (", client certificates required" if settings.grpc_tls.client_verify else "")
                  if settings.grpc_tls else "")  # fmt: skip
         if settings.rest_api_port:
+            # not at module level: KServe's modules bring the inference.* messages (see protocols/kserve/grpc_api.py)
+            from servex.server.protocols.kserve import rest_api as kserve_rest
+            from servex.server.protocols.tfserving import rest_api as tfserving_rest
+
             timeout_s = settings.rest_api_timeout_in_ms / 1000
             args = (settings.rest_api_port, settings.bind_address, settings.max_message_bytes, timeout_s)
             self.rest = RestServer(
@@ -583,6 +588,7 @@ class _Ports:
                 prometheus_path=settings.prometheus_rest_path,
                 cors=settings.rest_api_enable_cors_support,
                 batching=settings.enable_batching,
+                routes=(kserve_rest.add_routes, tfserving_rest.add_routes),
             )
             try:
                 await self.rest.start()

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
+
 from servex.executor import GraphExecutor, RunHandler, client_graph_key
 from servex.executor.run_handler import Ticket
 from servex.loader.errors import FailedPrecondition, InvalidArgument, ServingError
@@ -23,7 +24,7 @@ from servex.loader.manager import ModelManager, ServedVersion
 from servex.loader.saved_model import Signature, TensorSpec, shape_matches, shape_text
 from servex.server.protocols.kserve.shared_memory import SharedMemoryRegistry
 from servex.server.protocols.kserve.v2_settings import LogSettings
-from servex.server.protocols.tfserving.tensors import dtype_name
+from servex.server.transport.tensors import dtype_name
 
 DEFAULT_SIGNATURE = "serving_default"
 MAX_GRAPH_LABELS = 64  # distinct graph-name metric labels per model

@@ -18,13 +18,15 @@ import concurrent.futures
 import logging
 import time
 
+from tensorflow_serving.apis import prediction_log_pb2
+
 from servex.executor import GraphExecutor, RunHandler
 from servex.loader import LoadError, ServedVersion, ServingError
 from servex.loader.manager import AVAILABLE
 from servex.loader.warmup_records import read_warmup_records
 from servex.server.core import REQUEST, RequestInfo, ServingCore
-from servex.server.protocols.tfserving import examples, tensors
-from tensorflow_serving.apis import prediction_log_pb2
+from servex.server.protocols.tfserving import examples
+from servex.server.transport import tensors
 
 log = logging.getLogger("servex.warmup")
 

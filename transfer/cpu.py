@@ -20,6 +20,7 @@ import time
 from collections.abc import Sequence
 
 import numpy as np
+
 from servex.transfer.base import H2DTransferExecutor, H2DTransferExecutorFactory, TransferFuture, register_factory
 from servex.transfer.metrics import TransferMetrics
 

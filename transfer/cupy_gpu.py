@@ -40,6 +40,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+
 from servex.transfer.base import DeviceError, H2DTransferExecutor, H2DTransferExecutorFactory, TransferFuture
 from servex.transfer.cpu import to_tensorflow_layout
 from servex.transfer.metrics import TransferMetrics

@@ -8,6 +8,7 @@ import logging
 from pathlib import Path
 
 from google.protobuf import text_format
+
 from servex.executor.batching import BatchingOptions
 from servex.loader.errors import InvalidArgument
 from servex.protos.servex.v1 import batching_pb2

@@ -150,8 +150,9 @@ def platform_config(path: str, fail, notes: list[str]) -> PlatformConfig:
     a SavedModelBundleSourceAdapterConfig; ``fail`` names what cannot be used, ``notes`` gets what changes nothing
     (TensorFlow is imported: the session config is a TensorFlow ConfigProto)."""
     from google.protobuf.message import DecodeError
-    from servex.protos.servex.v1.platform_config_pb2 import SavedModelBundleSourceAdapterConfig  # the Any's type
     from tensorflow_serving.config import platform_config_pb2
+
+    from servex.protos.servex.v1.platform_config_pb2 import SavedModelBundleSourceAdapterConfig  # the Any's type
 
     where = f"--platform_config_file {path!r}"
     try:

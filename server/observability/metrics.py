@@ -13,6 +13,7 @@ import os
 import prometheus_client
 from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import HistogramMetricFamily, Metric
+
 from servex.executor.statistics import statistics
 
 log = logging.getLogger(__name__)

@@ -24,17 +24,18 @@ import functools
 import logging
 import time
 import zlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import orjson
 from aiohttp import http_exceptions, web
 from aiohttp.web import ContentCoding
+
 from servex.executor.run_handler import DeadlineExceeded
 from servex.loader.errors import InvalidArgument, ServingError
 from servex.server.core import REQUEST, RequestInfo, ServingCore, priority_from_text
-from servex.server.protocols.tfserving import tensors
+from servex.server.transport import tensors
 from servex.server.transport.rpc import PRIORITY_METADATA, record
 
 log = logging.getLogger(__name__)
@@ -335,10 +336,9 @@ class RestServer:
         prometheus_path: str = "",
         cors: bool = False,
         batching: bool = False,
+        routes: Sequence[Callable[[web.Application, Rest], None]] = (),
     ):
-        from servex.server.protocols.kserve import rest_api as rest_v2
-        from servex.server.protocols.tfserving import rest_api as rest_tfserving
-
+        """``routes``: each protocol's ``add_routes(app, rest)``, in the order their paths are matched."""
         self.rest = Rest(core, max_body_bytes, timeout_s)
         self.address, self.port = address, port
         app = web.Application(client_max_size=max_body_bytes)
@@ -348,8 +348,8 @@ class RestServer:
         if cors:  # TensorFlow Serving's --rest_api_enable_cors_support
             app.router.add_route("OPTIONS", "/{tail:.*}", _preflight)
             app.on_response_prepare.append(_allow_any_origin)
-        rest_v2.add_routes(app, self.rest)
-        rest_tfserving.add_routes(app, self.rest)
+        for add_routes in routes:
+            add_routes(app, self.rest)
         app.router.add_route("*", "/{tail:.*}", self.rest.endpoint("rest:unknown", _unknown_path))
         self.app = app
         self.drain_s = drain_s

@@ -34,8 +34,9 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import orjson
+
 from servex.loader.errors import InvalidArgument
-from servex.server.protocols.tfserving.tensors import MAX_DIMS
+from servex.server.transport.tensors import MAX_DIMS
 
 OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)

@@ -23,6 +23,7 @@ import stat
 from collections.abc import Sequence
 
 import grpc
+
 from servex.server.transport.rpc import lenient
 
 

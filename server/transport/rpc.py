@@ -13,6 +13,7 @@ from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError
+
 from servex.executor.run_handler import DeadlineExceeded
 from servex.loader.errors import InvalidArgument, ResourceExhausted, ServingError
 from servex.server.core import REQUEST, RequestInfo, priority_from_text

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from google.protobuf import text_format
+
 from servex.server.config.settings import TlsSettings
 
 log = logging.getLogger("servex")

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from servex.loader import load_saved_model
 
+from servex.loader import load_saved_model
 from tests.conftest import HALF_PLUS_TWO_TF1, HALF_PLUS_TWO_TF2
 
 

@@ -7,6 +7,7 @@ import asyncio
 import threading
 
 import numpy as np
+
 from servex.executor.run_handler import RunHandler, Ticket
 
 

@@ -9,10 +9,10 @@ import time
 
 import numpy as np
 from prometheus_client import REGISTRY
+
 from servex.executor.cost_model import VERIFY_REQUESTS
 from servex.executor.run_handler import BatchingOptions, RunHandler, Ticket
 from servex.loader.errors import InvalidArgument
-
 from tests.executor.fakes import Busy, Doubler, batched, run
 
 AUTO = BatchingOptions(max_batch_size=32, auto=True)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from servex.executor import run_handler
 from servex.executor.batching import BatchingOptions, pad_to_common_shape
 from servex.executor.run_handler import RunHandler
-
 from tests.executor.fakes import batched as queue_batched
 
 

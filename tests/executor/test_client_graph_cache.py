@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import pytest
+
 from servex.executor import GraphExecutor
 from servex.loader import InvalidArgument
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from servex.executor.cost_model import (
     COMPUTE_BOUND_SECONDS,
     DECIDE_EVERY,

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
+
 from servex.executor import GraphExecutor, LoadedClientGraph, client_graph_key
 from servex.loader import InvalidArgument, ServingError, load_saved_model
 from servex.transfer import H2DTransferExecutor, H2DTransferExecutorFactory, TransferFuture
-
 from tests.conftest import COUNTER
 
 X = np.array([[1], [2], [5]], np.float32)

@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.python.framework import op_def_registry
+
 from servex.executor import GraphExecutor
 from servex.executor.op_policy import STATE_CHANGING_OPS
 from servex.loader import PermissionDenied, load_saved_model
-from tensorflow.python.framework import op_def_registry
-
 from tests.conftest import COUNTER
 
 X = np.array([[1.0], [2.0]], np.float32)

@@ -12,9 +12,9 @@ import time
 
 import numpy as np
 import pytest
+
 from servex.executor import RunHandler
 from servex.executor.run_handler import BatchingOptions, DeadlineExceeded, Ticket
-
 from tests.executor.fakes import Busy, Doubler
 
 TIMEOUT = 10

@@ -7,9 +7,9 @@ import threading
 
 import numpy as np
 import pytest
+
 from servex.executor import GraphExecutor, RunHandler
 from servex.loader import InvalidArgument, load_saved_model
-
 from tests.conftest import HALF_PLUS_TWO_TF1
 
 TIMEOUT = 10

@@ -10,11 +10,11 @@ import time
 import numpy as np
 import pytest
 from prometheus_client import REGISTRY
+
 from servex.executor import GraphExecutor
 from servex.executor.run_handler import BatchingOptions, DeadlineExceeded, RunHandler, Ticket
 from servex.loader import load_saved_model
 from servex.loader.errors import ResourceExhausted
-
 from tests.conftest import HALF_PLUS_TWO_TF1
 from tests.executor.fakes import Busy, Doubler, batched, run
 

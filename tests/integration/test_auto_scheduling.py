@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
-from servex.executor.cost_model import ThreadModeChooser
-from servex.server.cores import usable_cores
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+from servex.executor.cost_model import ThreadModeChooser
+from servex.server.cores import usable_cores
 from tests.integration.daemon import metric
 
 IMAGE = (96, 96, 64)

@@ -9,9 +9,9 @@ import grpc
 import numpy as np
 import pytest
 import tensorflow as tf
-from servex.protos.servex.v1 import graph_executor_pb2, graph_executor_pb2_grpc
 from tensorflow_serving.apis import session_service_pb2
 
+from servex.protos.servex.v1 import graph_executor_pb2, graph_executor_pb2_grpc
 from tests.conftest import COUNTER, HALF_PLUS_TWO_TF1, HALF_PLUS_TWO_TF2
 from tests.integration.daemon import metric
 

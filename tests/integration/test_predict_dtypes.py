@@ -10,9 +10,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 import tensorflow as tf
-from servex.server.protocols.tfserving.tensors import fill_proto
 from tensorflow.core.framework import tensor_pb2
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+from servex.server.transport.tensors import fill_proto
 
 DTYPES = {
     "f16": tf.float16,

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from servex.server.cli import build_parser
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
+from servex.server.cli import build_parser
 from tests.conftest import BAD_HALF_PLUS_TWO, HALF_PLUS_TWO_TF1, TESTDATA
 from tests.integration.daemon import Daemon, listening_sockets, run_to_exit
 

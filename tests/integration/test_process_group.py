@@ -13,8 +13,6 @@ import grpc
 import numpy as np
 import pytest
 import tensorflow as tf
-from servex.server.affinity import group_index
-from servex.server.config.settings import ServerSettings
 from tensorflow_serving.apis import (
     model_management_pb2,
     model_service_pb2_grpc,
@@ -22,6 +20,8 @@ from tensorflow_serving.apis import (
     prediction_service_pb2_grpc,
 )
 
+from servex.server.affinity import group_index
+from servex.server.config.settings import ServerSettings
 from tests.conftest import HALF_PLUS_TWO_TF1
 from tests.integration.daemon import Daemon, free_port, listening_sockets, metric, run_to_exit
 

@@ -20,9 +20,9 @@ import orjson
 import pytest
 import tensorflow as tf
 import tritonclient.grpc as triton
-from servex.protos.servex.v1 import variables_pb2, variables_pb2_grpc
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
+from servex.protos.servex.v1 import variables_pb2, variables_pb2_grpc
 from tests.certificates import Authority, Pem, ssl_config
 from tests.conftest import HALF_PLUS_TWO_TF2
 from tests.integration.daemon import free_port, run_to_exit

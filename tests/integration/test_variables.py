@@ -9,9 +9,9 @@ import grpc
 import numpy as np
 import pytest
 import tensorflow as tf
-from servex.protos.servex.v1 import variables_pb2, variables_pb2_grpc
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
+from servex.protos.servex.v1 import variables_pb2, variables_pb2_grpc
 from tests.integration.daemon import free_port, metric, run_to_exit
 
 ROWS, WIDTH = 20_000, 16

@@ -12,7 +12,6 @@ import grpc
 import numpy as np
 import pytest
 import tensorflow as tf
-from servex.protos.servex.v1 import variables_pb2
 from tensorflow_serving.apis import (
     get_model_status_pb2,
     model_service_pb2_grpc,
@@ -21,6 +20,7 @@ from tensorflow_serving.apis import (
     session_service_pb2,
 )
 
+from servex.protos.servex.v1 import variables_pb2
 from tests.conftest import HALF_PLUS_TWO_TF1
 from tests.integration.daemon import free_port, metric, model_config_file
 from tests.integration.test_tfserving_classify_regress import (

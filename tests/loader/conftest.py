@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from servex.loader import ModelManager
 
+from servex.loader import ModelManager
 from tests.loader.manager_fakes import Recorder
 
 

@@ -9,7 +9,6 @@ from pathlib import Path
 from servex.loader import LoadError, ModelManager
 from servex.loader.config import ModelSpec, VersionPolicy
 from servex.loader.manager import AVAILABLE
-
 from tests.conftest import TESTDATA
 
 TWO_VERSIONS = TESTDATA / "saved_model_half_plus_two_2_versions"

@@ -6,10 +6,10 @@ import shutil
 
 import pytest
 import tensorflow as tf
-from servex.loader.checkpoint import Checkpoint, slice_shape, variable_checkpoint_entries
-from servex.loader.errors import LoadError
 from tensorflow.core.protobuf import saved_model_pb2
 
+from servex.loader.checkpoint import Checkpoint, slice_shape, variable_checkpoint_entries
+from servex.loader.errors import LoadError
 from tests.conftest import COUNTER, HALF_PLUS_TWO_TF1, HALF_PLUS_TWO_TF2
 
 

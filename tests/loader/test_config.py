@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+
 from servex.loader.config import ModelSpec, VersionPolicy, parse_model_config, read_model_config_file
 from servex.loader.errors import InvalidArgument
-
 from tests.conftest import EXPECTED
 
 GOOD = EXPECTED / "good_model_config.txt"

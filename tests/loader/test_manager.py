@@ -5,10 +5,10 @@ from __future__ import annotations
 import shutil
 
 import pytest
+
 from servex.loader import NotFound
 from servex.loader.config import VersionPolicy
 from servex.loader.manager import AVAILABLE, END
-
 from tests.loader.manager_fakes import (
     add_version,
     available,

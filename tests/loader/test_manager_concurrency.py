@@ -7,12 +7,12 @@ import time
 
 import numpy as np
 import pytest
+
 from servex.executor import GraphExecutor
 from servex.loader import ModelManager, NotFound, load_saved_model
 from servex.loader.config import ModelSpec, VersionPolicy
 from servex.loader.errors import Unavailable
 from servex.loader.manager import AVAILABLE, LOADING
-
 from tests.loader.manager_fakes import (
     TWO_VERSIONS,
     add_version,

@@ -6,11 +6,11 @@ import shutil
 import threading
 
 import pytest
+
 from servex.loader import LoadError, ModelManager, NotFound
 from servex.loader.config import VersionPolicy
 from servex.loader.errors import Unavailable
 from servex.loader.manager import AVAILABLE, END
-
 from tests.loader.manager_fakes import Recorder, add_version, closed_versions, model_dir, spec
 
 # -- failed loads -------------------------------------------------------------------------------------------

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
+
 from servex.loader import ModelManager, NotFound
 from servex.loader.config import VersionPolicy
 from servex.loader.errors import FailedPrecondition, InvalidArgument, Unavailable
 from servex.loader.manager import AVAILABLE, END
-
 from tests.loader.manager_fakes import (
     Recorder,
     add_version,

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from servex.loader.config import VersionPolicy
 from servex.loader.errors import InvalidArgument
 from servex.loader.model_repository import read_model, read_repositories

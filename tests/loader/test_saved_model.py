@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
-from servex.executor import GraphExecutor
-from servex.loader import LoadError, ServingError, load_saved_model
-from servex.loader.saved_model import _runs_nothing
 from tensorflow.core.framework import types_pb2
 from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
 
+from servex.executor import GraphExecutor
+from servex.loader import LoadError, ServingError, load_saved_model
+from servex.loader.saved_model import _runs_nothing
 from tests.conftest import BAD_HALF_PLUS_TWO, HALF_PLUS_TWO_TF1, HALF_PLUS_TWO_TF2
 
 TF1_PATH = HALF_PLUS_TWO_TF1 / "00000123"

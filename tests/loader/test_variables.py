@@ -11,6 +11,7 @@ import threading
 import numpy as np
 import pytest
 import tensorflow as tf
+
 from servex.executor import GraphExecutor
 from servex.loader import load_saved_model
 from servex.loader.errors import InvalidArgument, NotFound, ServingError
@@ -22,7 +23,6 @@ from servex.loader.variables import (
     LoadedVariableRegistry,
     RestoreRegistry,
 )
-
 from tests.conftest import HALF_PLUS_TWO_TF1, HALF_PLUS_TWO_TF2, REPO
 
 

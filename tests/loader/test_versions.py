@@ -6,8 +6,8 @@ import os
 from pathlib import Path
 
 import pytest
-from servex.loader import LoadError, latest_version, list_versions
 
+from servex.loader import LoadError, latest_version, list_versions
 from tests.conftest import TESTDATA
 
 TWO_VERSIONS = TESTDATA / "saved_model_half_plus_two_2_versions"

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 import tensorflow as tf
+from tensorflow_serving.apis import prediction_log_pb2
+
 from servex.loader import LoadError
 from servex.loader.warmup_records import MAX_RECORDS, WARMUP_FILE, read_warmup_records
-from tensorflow_serving.apis import prediction_log_pb2
 
 
 def write_warmup_file(version, records: list[bytes]) -> None:

@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+
 from servex.server import affinity
 from servex.server.affinity import LoopPin, _ranges, group_index, resolve
 

@@ -8,13 +8,13 @@ import shutil
 import weakref
 
 import pytest
+
 from servex.executor.batching import BatchingOptions
 from servex.loader.config import ModelSpec
 from servex.loader.manager import END
 from servex.server.app import make_manager, settle_heap
 from servex.server.config.batching import PER_MODEL_BATCHING_FILE
 from servex.server.config.settings import ServerSettings
-
 from tests.conftest import HALF_PLUS_TWO_TF1
 
 

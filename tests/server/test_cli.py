@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
+
 from servex.server.cli import parse_settings
 from servex.server.config.settings import ServerSettings
 

@@ -5,6 +5,7 @@ asking for ALTS is refused rather than served in plaintext."""
 from __future__ import annotations
 
 import pytest
+
 from servex.executor.run_handler import BatchingOptions
 from servex.server.cli import parse_settings
 from servex.server.config.settings import ServerSettings
@@ -152,6 +153,7 @@ def test_thread_pools_from_their_flags_session_parallelism_or_servex_defaults():
 
 def test_session_config_file_is_the_base_and_given_flags_apply_over_it(tmp_path):
     import tensorflow as tf
+
     from servex.server.app import session_config
 
     path = tmp_path / "session.config"

@@ -5,6 +5,7 @@ noted, and what cannot be honoured refused."""
 from __future__ import annotations
 
 import pytest
+
 from servex.server.cli import parse_settings
 from servex.server.config.triton_flags import NO_EFFECT_FLAGS
 

@@ -8,6 +8,7 @@ import concurrent.futures
 from dataclasses import dataclass
 
 import pytest
+
 from servex.loader import ModelManager
 from servex.loader.config import ModelSpec
 from servex.server.core import Lease

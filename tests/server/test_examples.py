@@ -13,6 +13,9 @@ import threading
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.core.framework import types_pb2
+from tensorflow_serving.apis import classification_pb2, inference_pb2, input_pb2, regression_pb2
+
 from servex.executor import RunHandler, client_graph_key
 from servex.loader.config import ModelSpec
 from servex.loader.errors import InvalidArgument, ServingError
@@ -21,9 +24,6 @@ from servex.server.app import make_manager
 from servex.server.config.settings import ServerSettings
 from servex.server.core import ServingCore
 from servex.server.protocols.tfserving import examples
-from tensorflow.core.framework import types_pb2
-from tensorflow_serving.apis import classification_pb2, inference_pb2, input_pb2, regression_pb2
-
 from tests.conftest import HALF_PLUS_TWO_TF1, HALF_PLUS_TWO_TF2, TESTDATA
 
 WHERE = "model 'm' version 1 signature 's'"

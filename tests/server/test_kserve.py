@@ -10,12 +10,13 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
+from tritonclient.grpc import InferInput, service_pb2
+from tritonclient.utils import deserialize_bytes_tensor
+
 from servex.loader.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from servex.server.protocols.kserve import v2_types
 from servex.server.protocols.kserve.shared_memory import SharedMemoryRegistry
-from servex.server.protocols.tfserving import tensors
-from tritonclient.grpc import InferInput, service_pb2
-from tritonclient.utils import deserialize_bytes_tensor
+from servex.server.transport import tensors
 
 Request = service_pb2.ModelInferRequest
 

@@ -6,6 +6,7 @@ import asyncio
 import time
 
 from prometheus_client import REGISTRY
+
 from servex.server.observability.metrics import watch_loop_lag
 
 

@@ -10,6 +10,7 @@ import itertools
 import pytest
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+
 from servex.executor.metrics import QUEUE_WAIT, RUN_SECONDS, RunMetrics
 from servex.server.observability.metrics import (
     MODEL_LOAD_FAILURES,

@@ -10,6 +10,7 @@ import zlib
 import ml_dtypes
 import numpy as np
 import pytest
+
 from servex.loader.errors import InvalidArgument, ServingError
 from servex.server.transport import json_codec as codec
 from servex.server.transport.http import HTTP_STATUS, inflate, status_of
@@ -283,6 +284,7 @@ def test_payload_bytes_counts_strings_not_pointers():
 )
 def test_answer_coding_honours_q_values(accept, coding):
     from aiohttp.test_utils import make_mocked_request
+
     from servex.server.transport.http import answer_coding
 
     found = answer_coding(make_mocked_request("POST", "/", headers={"Accept-Encoding": accept}))

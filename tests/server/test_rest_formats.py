@@ -10,6 +10,9 @@ import struct
 
 import numpy as np
 import pytest
+from tensorflow.core.framework import types_pb2
+from tensorflow_serving.apis import regression_pb2
+
 from servex.loader.errors import FailedPrecondition, InvalidArgument
 from servex.loader.saved_model import TensorSpec
 from servex.server.core import RequestInfo
@@ -17,8 +20,6 @@ from servex.server.protocols.kserve import rest_api as rest_v2
 from servex.server.protocols.kserve import v2_types
 from servex.server.protocols.kserve.shared_memory import SharedMemoryRegistry
 from servex.server.protocols.tfserving.rest_api import decode_predict, encode_predict, fill_input
-from tensorflow.core.framework import types_pb2
-from tensorflow_serving.apis import regression_pb2
 
 X = TensorSpec("x:0", types_pb2.DT_FLOAT, np.dtype(np.float32), (None, 2))
 S = TensorSpec("s:0", types_pb2.DT_STRING, np.dtype(object), (None,))
@@ -213,6 +214,7 @@ def test_outputs_json_and_binary():
 
 def test_versions_of_thousands_of_digits_are_refused_not_converted():
     from aiohttp.test_utils import make_mocked_request
+
     from servex.server.protocols.tfserving.rest_api import PREDICT_PATH, STATUS_PATH, _spec
 
     digits = "1" + "0" * 5000  # int() refuses more than 4300 digits: ValueError, once a 500
@@ -238,8 +240,9 @@ def test_strings_nested_deeper_than_a_tensor_can_be():
 
 
 def test_examples_become_serialized_tensor_and_results_json():
-    from servex.server.protocols.tfserving.rest_api import encode_results, serialized_examples
     from tensorflow.core.example import example_pb2
+
+    from servex.server.protocols.tfserving.rest_api import encode_results, serialized_examples
 
     tensor = serialized_examples({"context": {"c": 1}, "examples": [{"f": 1.5}, {"f": [2.0, 3.0]}]})
     assert tensor.dtype == object and tensor.shape == (2,)

@@ -8,8 +8,9 @@ import urllib.parse
 
 import grpc
 import pytest
-from servex.server.transport.rpc import MAX_MESSAGE_CHARS, Malformed, abort, bounded, lenient
 from tensorflow_serving.apis import predict_pb2
+
+from servex.server.transport.rpc import MAX_MESSAGE_CHARS, Malformed, abort, bounded, lenient
 
 
 def encoded(message: str) -> int:

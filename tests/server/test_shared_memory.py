@@ -10,6 +10,7 @@ import re
 
 import numpy as np
 import pytest
+
 from servex.loader.errors import AlreadyExists, InvalidArgument, NotFound, ResourceExhausted
 from servex.server.protocols.kserve import shared_memory
 from servex.server.protocols.kserve.shared_memory import SharedMemoryRegistry

@@ -1,4 +1,4 @@
-"""Unit tests for server/protocols/tfserving/tensors.py: the TensorProtos the codec refuses, each INVALID_ARGUMENT
+"""Unit tests for server/transport/tensors.py: the TensorProtos the codec refuses, each INVALID_ARGUMENT
 naming the input,
 what was wrong and what was expected (the helpers and dtype lists are test_tensors.py's)."""
 
@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from servex.loader.errors import InvalidArgument
-from servex.server.protocols.tfserving import tensors
 from tensorflow.core.framework import tensor_pb2, types_pb2
 
+from servex.loader.errors import InvalidArgument
+from servex.server.transport import tensors
 from tests.server.test_tensors import NAME, _enum, _shaped
 
 

@@ -1,4 +1,4 @@
-"""Sizing in server/protocols/tfserving/tensors.py: what a decoded request costs against --max_message_bytes (a
+"""Sizing in server/transport/tensors.py: what a decoded request costs against --max_message_bytes (a
 broadcast string
 counts every copy), a cheap upper bound on an answer's size, output values written in chunks, and which work goes
 to the requests' worker pool instead of the event loop."""
@@ -11,11 +11,11 @@ import threading
 import numpy as np
 import pytest
 import tensorflow as tf
-from servex.loader.errors import ResourceExhausted
-from servex.server.protocols.tfserving import tensors
 from tensorflow.core.framework import types_pb2
 from tensorflow_serving.apis import predict_pb2
 
+from servex.loader.errors import ResourceExhausted
+from servex.server.transport import tensors
 from tests.server.test_tensors import NAME, _shaped
 
 LIMIT = 256 << 20  # the server's default --max_message_bytes

@@ -1,4 +1,4 @@
-"""Unit tests for server/protocols/tfserving/tensors.py, the TensorProto <-> NumPy codec.
+"""Unit tests for server/transport/tensors.py, the TensorProto <-> NumPy codec.
 
 TensorFlow is the oracle throughout: ``tf.make_tensor_proto`` builds requests the way TF clients do,
 ``tf.make_ndarray`` reads what the codec writes, and ``tf.as_dtype`` says which DataType a NumPy dtype is.
@@ -13,9 +13,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 import tensorflow as tf
-from servex.loader.errors import InvalidArgument
-from servex.server.protocols.tfserving import tensors
 from tensorflow.core.framework import tensor_pb2, types_pb2
+
+from servex.loader.errors import InvalidArgument
+from servex.server.transport import tensors
 
 NAME = "images_in"  # input alias passed to to_ndarray; every error message must name it
 
@@ -130,7 +131,7 @@ def _shaped(dtype_enum: int, shape, **fields) -> tensor_pb2.TensorProto:
 
 
 # The test's own statement of TensorProto's typed fields (tensor.proto), independent of
-# server/protocols/tfserving/tensors.py.
+# server/transport/tensors.py.
 TYPED_FIELD = {
     "float32": "float_val",
     "float64": "double_val",

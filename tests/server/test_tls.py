@@ -8,9 +8,9 @@ import os
 
 import pytest
 from cryptography.hazmat.primitives import serialization
+
 from servex.server.config.settings import TlsSettings
 from servex.server.transport.tls import Certificates, TlsConfigError, check, not_after, read_pem_files, read_ssl_config
-
 from tests.certificates import Authority, Pem, ssl_config
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from google.protobuf import text_format
+
 from servex.executor.batching import NO_BATCHING, BatchingOptions
 from servex.loader.errors import LoadError
 from servex.loader.saved_model import Signature, TensorSpec

@@ -9,6 +9,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from prometheus_client import REGISTRY
+
 from servex.transfer import DeviceError, H2DTransferExecutor, H2DTransferExecutorFactory, TransferFuture, make_factory
 from servex.transfer.cpu import (
     ALIGN_COPY_MIN_BYTES,
@@ -17,7 +18,6 @@ from servex.transfer.cpu import (
     aligned_copy,
     needs_aligned_copy,
 )
-
 from tests.transfer.gpu import without_gpu
 
 BIG = ALIGN_COPY_MIN_BYTES // 4  # float32 elements in an array just at the copy threshold
@@ -89,7 +89,7 @@ def test_transfer_returns_the_callers_list_when_nothing_is_copied():
         lambda: unaligned(2 * BIG, np.float16),
         lambda: unaligned(2 * BIG, ml_dtypes.bfloat16),
         lambda: np.arange(2 * BIG, dtype=np.float32).reshape(BIG, 2)[:, 0],  # strided
-        lambda: _unaligned_frombuffer(BIG),  # as server/protocols/tfserving/tensors.py decodes tensor_content
+        lambda: _unaligned_frombuffer(BIG),  # as server/transport/tensors.py decodes tensor_content
     ],
     ids=["float32", "float16", "bfloat16", "strided", "frombuffer-bytes"],
 )

@@ -10,13 +10,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
-from servex.executor import GraphExecutor
-from servex.loader import load_saved_model
-from servex.server.protocols.tfserving.tensors import to_ndarray
-from servex.transfer import make_factory
-from servex.transfer.cpu import ALIGNMENT, aligned_copy
 from tensorflow.core.protobuf import config_pb2
 
+from servex.executor import GraphExecutor
+from servex.loader import load_saved_model
+from servex.server.transport.tensors import to_ndarray
+from servex.transfer import make_factory
+from servex.transfer.cpu import ALIGNMENT, aligned_copy
 from tests.transfer.test_cpu import BIG, address, unaligned
 
 

@@ -11,8 +11,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 from prometheus_client import REGISTRY
-from servex.transfer import DeviceError, make_factory
 
+from servex.transfer import DeviceError, make_factory
 from tests.transfer.gpu import requires_gpu
 
 pytestmark = requires_gpu

@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+
 from servex.transfer.staging import ALIGN, FIRST_CHUNK_BYTES, StagingBuffer, StagingPool, chunk_ranges, layout, stage
 
 

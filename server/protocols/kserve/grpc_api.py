@@ -24,6 +24,7 @@ from importlib import metadata
 
 import grpc
 from google.protobuf import json_format
+
 from servex.loader.errors import InvalidArgument, ServingError, Unimplemented
 from servex.loader.manager import AVAILABLE
 from servex.protos.inference import grpc_service_pb2 as pb
@@ -34,7 +35,7 @@ from servex.server.protocols.kserve import v2_config, v2_settings, v2_stats, v2_
 from servex.server.protocols.kserve.repository import BASE_PATH, ModelRepository
 from servex.server.protocols.kserve.shared_memory import NO_CUDA_MEMORY
 from servex.server.protocols.kserve.v2_config import PLATFORM
-from servex.server.protocols.tfserving import tensors
+from servex.server.transport import tensors
 from servex.server.transport.rpc import (
     Malformed,
     abort,

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 from aiohttp import web
+
 from servex.loader.errors import FailedPrecondition, InvalidArgument, NotFound, ServingError, Unimplemented
 from servex.server.core import DEFAULT_SIGNATURE, RequestInfo, checked_priority
 from servex.server.protocols.kserve import v2_config, v2_settings, v2_stats, v2_types

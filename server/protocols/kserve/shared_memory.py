@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
 from servex.loader.errors import AlreadyExists, InvalidArgument, NotFound, ResourceExhausted
 
 SHM_DIR = Path("/dev/shm")

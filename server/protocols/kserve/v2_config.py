@@ -21,6 +21,7 @@ import dataclasses
 
 from google.protobuf import json_format
 from google.protobuf.descriptor import FieldDescriptor
+
 from servex.executor.batching import NO_BATCHING, BatchingOptions
 from servex.loader.config import VersionPolicy
 from servex.loader.errors import LoadError

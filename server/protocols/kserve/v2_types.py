@@ -15,8 +15,9 @@ import sys
 
 import ml_dtypes
 import numpy as np
+
 from servex.loader.errors import FailedPrecondition, InvalidArgument
-from servex.server.protocols.tfserving.tensors import MAX_DIMS, check_shape, extend_in_chunks
+from servex.server.transport.tensors import MAX_DIMS, check_shape, extend_in_chunks
 
 BYTES = "BYTES"
 # What ServerMetadata lists (gRPC and REST alike, as Triton lists one set for both): the extensions the main port

@@ -8,12 +8,13 @@ import hmac
 import logging
 
 import grpc
+
 from servex.loader.errors import InvalidArgument
 from servex.loader.variables import VariableStore
 from servex.protos.servex.v1 import graph_executor_pb2, variables_pb2, variables_pb2_grpc
 from servex.server.core import ServingCore
 from servex.server.protocols.servex.graph_service import model_ref
-from servex.server.protocols.tfserving import tensors
+from servex.server.transport import tensors
 from servex.server.transport.rpc import rpc
 
 log = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from servex.loader.errors import InvalidArgument
 from servex.protos.servex.v1 import graph_executor_pb2, graph_executor_pb2_grpc
 from servex.server.core import REQUEST, ServingCore, checked_priority
-from servex.server.protocols.tfserving import tensors
+from servex.server.transport import tensors
 from servex.server.transport.rpc import rpc
 
 

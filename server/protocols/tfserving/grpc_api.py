@@ -13,11 +13,6 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 from google.protobuf import any_pb2
-from servex.loader.config import ModelSpec, specs_from_proto
-from servex.loader.errors import CODE_NAMES, FailedPrecondition, InvalidArgument, NotFound
-from servex.server.core import REQUEST, ServingCore
-from servex.server.protocols.tfserving import examples, tensors
-from servex.server.transport.rpc import rpc, spec_version
 from tensorflow_serving.apis import (
     classification_pb2,
     get_model_metadata_pb2,
@@ -30,6 +25,13 @@ from tensorflow_serving.apis import (
     regression_pb2,
     session_service_pb2,
 )
+
+from servex.loader.config import ModelSpec, specs_from_proto
+from servex.loader.errors import CODE_NAMES, FailedPrecondition, InvalidArgument, NotFound
+from servex.server.core import REQUEST, ServingCore
+from servex.server.protocols.tfserving import examples
+from servex.server.transport import tensors
+from servex.server.transport.rpc import rpc, spec_version
 
 log = logging.getLogger(__name__)
 

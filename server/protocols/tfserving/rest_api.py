@@ -32,6 +32,9 @@ from urllib.parse import unquote
 import numpy as np
 from aiohttp import web
 from google.protobuf import json_format
+from tensorflow.core.example import example_pb2, feature_pb2
+from tensorflow_serving.apis import classification_pb2, input_pb2, regression_pb2
+
 from servex.loader.errors import InvalidArgument, NotFound
 from servex.loader.saved_model import TensorSpec
 from servex.server.core import REQUEST, RequestInfo
@@ -39,8 +42,6 @@ from servex.server.protocols.tfserving import examples
 from servex.server.protocols.tfserving.grpc_api import in_tfserving_words, model_status_response
 from servex.server.transport import json_codec as codec
 from servex.server.transport.http import Call, Rest, json_response, offload, payload_bytes
-from tensorflow.core.example import example_pb2, feature_pb2
-from tensorflow_serving.apis import classification_pb2, input_pb2, regression_pb2
 
 _SPEC = r"/v1/models/([^/:]+)(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?"
 PREDICT_PATH = re.compile(_SPEC + r":(classify|regress|predict)", re.IGNORECASE)

@@ -20,8 +20,9 @@ import os
 
 import ml_dtypes
 import numpy as np
-from servex.loader.errors import InvalidArgument, ResourceExhausted
 from tensorflow.core.framework import tensor_pb2, types_pb2
+
+from servex.loader.errors import InvalidArgument, ResourceExhausted
 
 DT = types_pb2.DataType
 
