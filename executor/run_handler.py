@@ -15,14 +15,7 @@ Scheduling (the ticket says priority, deadline, model and metric labels):
   With ``max_queued_bytes``, the input tensors of all queued requests (every model) hold at most that many bytes:
   a request that would pass it is answered RESOURCE_EXHAUSTED at once, unless nothing is queued (a request alone
   is bounded by the message size).
-- **Batching** (``submit_batchable``): a free worker takes the highest-priority request and, from the same
-  priority, every queued request of the same client graph whose inputs agree on all but the 0th dimension, up to
-  ``max_batch_size`` rows; they run as one (padded up to the next allowed batch size) and each caller gets
-  exactly its own rows back. A free worker never waits for a batch to fill: batching costs nothing at low load,
-  and under load batches form from what queues while the workers are busy. A request of 0 rows runs alone.
-  With ``pad_variable_length_inputs`` (TensorFlow Serving's), inputs of the same rank that differ in other
-  dimensions batch too: each is padded at the end of every dimension but the 0th to the batch's largest size, with
-  its own first element, as TensorFlow Serving pads; outputs come back at the padded size.
+- **Batching** (``submit_batchable``): see executor/batch_runs.py.
 - **Pacing** (``lower_priority_burst``): while requests of a higher priority arrive (one in the last second),
   the workers take lower-priority requests at most that many at a time (a burst), and the next burst only once
   the event loop has worked through the last one's answers: a probe put into the loop's queue behind them, as
@@ -36,21 +29,23 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import math
 import threading
 import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from typing import NamedTuple
 
 import numpy as np
 
 from servex.executor.answers import Held, Outbox
-from servex.executor.batching import BatchingOptions, PaddedBatch, batch_rows, pad_to_common_shape, string_bytes
-from servex.executor.cost_model import VERIFY_REQUESTS, GraphCost, answers_agree
+from servex.executor.batch_runs import BatchRuns
+from servex.executor.batching import BatchingOptions
+from servex.executor.cost_model import GraphCost
 from servex.executor.metrics import SCHEDULER_THREADS, RunMetrics, forget_choices, show_choice
-from servex.loader.errors import ResourceExhausted, ServingError
+from servex.executor.work import DEFAULT_TICKET, DeadlineExceeded, GraphCosts, Ticket, WorkItem, input_bytes, saturated
+from servex.loader.errors import ResourceExhausted
+
+__all__ = ["BatchingOptions", "DeadlineExceeded", "RunHandler", "Ticket", "input_bytes"]
 
 log = logging.getLogger(__name__)
 
@@ -62,66 +57,7 @@ MIXED_PRIORITY_SECONDS = 1.0  # see Held (executor/answers.py) and the RunHandle
 CATCH_UP_ITERATIONS = 8
 
 
-class DeadlineExceeded(ServingError):
-    code = "DEADLINE_EXCEEDED"
-
-
-class Ticket(NamedTuple):
-    """What the scheduler needs to know of one request besides its work (a tuple: one is made per request)."""
-
-    priority: int = 0
-    deadline: float | None = None  # time.monotonic() by which it must have started
-    model: str = ""
-    labels: tuple[str, str, str] = ("", "", "")  # model, version, signature or graph name
-    # Called once when the request leaves the scheduler: after its run, or when it is dropped, expired or refused.
-    # The core releases the version's lease here, so a cancelled caller never unloads a version under a run.
-    done: Callable[[], None] | None = None
-
-
-DEFAULT_TICKET = Ticket()
-
-
-def input_bytes(arrays) -> int:
-    """What input arrays hold, for ``max_queued_bytes``: their buffers, and a string tensor's strings too."""
-    return sum([array.nbytes + string_bytes(array) for array in arrays])
-
-
-class _Item:
-    """One queued request: its work, where its answer goes, and (batchable runs) the GraphExecutor-like object,
-    feeds by tensor name and row count, grouped by ``batch_key``."""
-
-    __slots__ = (
-        "outbox", "future", "fn", "args", "ticket", "seq", "enqueued", "batch_key", "feeds", "rows", "nbytes", "cost"
-    )  # fmt: skip
-
-    def __init__(
-        self, outbox, future, fn, args, ticket, seq, enqueued, batch_key=None, feeds=None, rows=0, nbytes=0, cost=None
-    ):
-        self.outbox: Outbox = outbox
-        self.future: asyncio.Future = future
-        self.fn: Callable = fn
-        self.args: tuple = args
-        self.ticket: Ticket = ticket
-        self.seq: int = seq
-        self.enqueued: float = enqueued
-        self.batch_key: tuple | None = batch_key
-        self.feeds: dict = feeds if feeds is not None else {}
-        self.rows: int = rows
-        self.nbytes: int = nbytes  # its input tensors' bytes, counted against max_queued_bytes
-        self.cost: GraphCost | None = cost  # automatic batching: what is learned of its client graph
-
-
-class _Costs:
-    """One executor's GraphCosts by (feeds, fetches, pin), and the gauge labels they were shown under."""
-
-    __slots__ = ("graphs", "labels")
-
-    def __init__(self):
-        self.graphs: dict[tuple, GraphCost] = {}
-        self.labels: set[tuple[str, str, str]] = set()
-
-
-class RunHandler:
+class RunHandler(BatchRuns):
     def __init__(
         self,
         num_workers: int,
@@ -168,7 +104,7 @@ class RunHandler:
         self._mutex = threading.RLock()
         self._cond = threading.Condition(self._mutex)
         self._waiting = 0
-        self._levels: dict[int, deque[_Item]] = {}
+        self._levels: dict[int, deque[WorkItem]] = {}
         self._queued: dict[str, int] = {}
         self._seq = itertools.count()
         self._stopping = False
@@ -225,7 +161,7 @@ class RunHandler:
         """The GraphCost of ``executor``'s client graph that ``key`` (a batch key) runs, made on first use."""
         costs = self._costs.get(executor)
         if costs is None:
-            costs = self._costs.setdefault(executor, _Costs())
+            costs = self._costs.setdefault(executor, GraphCosts())
             weakref.finalize(executor, forget_choices, costs.labels)  # the version unloaded: its gauges go
         graph = key[1:4]  # feeds, fetches, pin: one client graph whatever its inputs' shapes
         cost = costs.graphs.get(graph)
@@ -295,7 +231,9 @@ class RunHandler:
             if ticket.priority != self._last_priority:
                 self._last_priority = ticket.priority
                 self._mixed_until = now + MIXED_PRIORITY_SECONDS
-            item = _Item(outbox, future, fn, args, ticket, next(self._seq), now, batch_key, feeds, rows, nbytes, cost)
+            item = WorkItem(
+                outbox, future, fn, args, ticket, next(self._seq), now, batch_key, feeds, rows, nbytes, cost
+            )
             level = self._levels.get(ticket.priority)
             if level is None:
                 level = self._levels[ticket.priority] = deque()
@@ -330,7 +268,7 @@ class RunHandler:
 
     # -- the workers -----------------------------------------------------------------------------------
 
-    def _take(self, wait: bool = True) -> list[_Item] | None:
+    def _take(self, wait: bool = True) -> list[WorkItem] | None:
         """The next work (one item, or a batch); None when stopping, or when nothing waits and ``wait`` is false.
         The lock is held."""
         while True:
@@ -345,7 +283,7 @@ class RunHandler:
                 continue
             queue = self._levels[level]
             item = queue[0]
-            if _saturated(item):  # its client graph runs as many times at once as it may: other work goes first
+            if saturated(item):  # its client graph runs as many times at once as it may: other work goes first
                 found = self._first_runnable(levels, now)
                 if found is None:
                     if not wait:
@@ -381,35 +319,7 @@ class RunHandler:
             if item.cost is not None:
                 item.cost.running += 1  # until its run is over (_work)
             if item.batch_key is not None:
-                rows = item.rows
-                most = outbox.credit if paced else math.inf  # requests in the batch
-                batching = item.args[3]
-                limit = item.cost.batch_limit() if item.cost is not None else batching.max_batch_size
-                bounded = batching.pad_variable_length_inputs and self.max_padded_batch_bytes
-                padded = PaddedBatch.of(item) if bounded else None  # padding's byte bound: what the batch holds
-                for other in list(queue):
-                    if len(batch) >= most:
-                        break
-                    if (
-                        other.batch_key == item.batch_key
-                        and rows + other.rows <= limit
-                        and (not paced or other.outbox is outbox)  # credit is the loop's own
-                    ):
-                        expired = other.ticket.deadline is not None and now > other.ticket.deadline
-                        if other.future.cancelled() or expired:
-                            queue.remove(other)
-                            self._dequeued(other)
-                            self._drop(other, now, expired)
-                            continue
-                        if padded is not None:
-                            joined = padded.joined(other)
-                            if self._over_padded_bytes(joined, batching, item.feeds):
-                                continue  # it waits for a later batch
-                            padded = joined
-                        queue.remove(other)
-                        self._dequeued(other)
-                        batch.append(other)
-                        rows += other.rows
+                self._fill_batch(batch, queue, paced, now)
             if not queue:
                 del self._levels[level]
             if paced:
@@ -417,23 +327,14 @@ class RunHandler:
                 outbox.probe_due = outbox.credit <= 0  # the worker sends it once the batch's answers are back
             return batch
 
-    def _first_runnable(self, levels: list[int], now: float) -> tuple[int, _Item] | None:
+    def _first_runnable(self, levels: list[int], now: float) -> tuple[int, WorkItem] | None:
         """The first queued request, levels in score order, whose client graph may run once more now (the lock is
         held): what a worker takes while the best level's first request waits for a run of its graph to end."""
         for level in sorted(levels, key=self._score(now), reverse=True):
             for item in self._levels[level]:
-                if not _saturated(item):
+                if not saturated(item):
                     return level, item
         return None
-
-    def _over_padded_bytes(self, padded: PaddedBatch, batching: BatchingOptions, feeds: dict) -> bool:
-        """Whether a batch padded as ``padded`` says (inputs like ``feeds``) would hold more than
-        ``max_padded_batch_bytes`` (set) where padding makes it larger than its inputs are: padding one long input's
-        length onto short ones must not make a batch no single request could be. A batch that needs no padding is
-        bounded as without pad_variable_length_inputs: not at all."""
-        if not padded.padded:
-            return False
-        return padded.nbytes(feeds, batch_rows(batching, padded.rows)) > self.max_padded_batch_bytes
 
     def _dropped_head(self, level: int, now: float) -> bool:
         """Drop the first request of ``level`` if its caller went away or its deadline passed (gRPC cancels at the
@@ -517,7 +418,7 @@ class RunHandler:
     def _credit(self, outbox: Outbox) -> None:
         outbox.credit, outbox.probe = self.lower_priority_burst, None
 
-    def _drop(self, item: _Item, now: float, expired: bool) -> None:
+    def _drop(self, item: WorkItem, now: float, expired: bool) -> None:
         """A queued request that will not run: expired ones are answered DEADLINE_EXCEEDED."""
         if expired:
             self._metrics_for(item.ticket).deadline_exceeded.inc()
@@ -531,14 +432,14 @@ class RunHandler:
         self._finished(item)
 
     @staticmethod
-    def _finished(item: _Item) -> None:
+    def _finished(item: WorkItem) -> None:
         if item.ticket.done is not None:
             try:
                 item.ticket.done()
             except Exception:  # a failing callback must not take a worker down
                 log.exception("a run's done callback failed")
 
-    def _dequeued(self, item: _Item) -> None:
+    def _dequeued(self, item: WorkItem) -> None:
         self._queued_bytes -= item.nbytes
         left = self._queued[item.ticket.model] - 1
         self._queued[item.ticket.model] = left
@@ -586,95 +487,6 @@ class RunHandler:
             if not held.results:
                 self._send_due_probes()
 
-    def _run_batch(self, batch: list[_Item], started: float, held: Held) -> None:
-        first = batch[0]
-        executor, fetches, pin, batching = first.args
-        rows = [item.rows for item in batch]
-        total = sum(rows)
-        size = batch_rows(batching, total)
-        cost = first.cost
-        unbatched = first.batch_key in self._unbatchable or (cost is not None and cost.verified is False)
-        if len(batch) == 1 and size == total or unbatched:  # nothing to merge, pad or split: each its own run
-            for i, item in enumerate(batch):
-                self._run_alone(item, executor, fetches, pin, time.monotonic() if i else started, held)
-            return
-        try:
-            feeds = {}
-            for name in first.feeds:
-                parts = [item.feeds[name] for item in batch]  # each has rows: zero-row requests never batch
-                if batching.pad_variable_length_inputs:
-                    parts = pad_to_common_shape(parts)
-                if size > total:  # pad with copies of the last row, as TensorFlow Serving pads
-                    parts.append(np.repeat(parts[-1][-1:], size - total, axis=0))
-                feeds[name] = parts[0] if len(parts) == 1 else np.concatenate(parts)
-            outputs = executor.run(feeds, fetches, (), "", pin)
-            seconds = time.monotonic() - started
-            if any(o.ndim == 0 or o.shape[0] != size for o in outputs):
-                self._unbatchable.add(first.batch_key)  # later requests of this graph run on their own
-                raise _NotBatchable()
-            if cost is not None and cost.verified is None:
-                self._verify(batch, outputs, executor, fetches, pin)
-        except BaseException as e:
-            # Outputs without the batch dimension, one caller's bad input that must not fail the others, or no
-            # memory for the merged inputs (the worker must live on, or every queued caller would wait forever):
-            # run each on its own.
-            alone = [self._run_alone(item, executor, fetches, pin, time.monotonic(), held) for item in batch]
-            if cost is not None and isinstance(e, ServingError) and all(alone):
-                # Every request runs alone, and TensorFlow refused them merged (a graph with a fixed batch size):
-                # automatic batching leaves this graph.
-                log.info("client graph %s runs unbatched: it refused a batch its requests run alone in (%s)",
-                         cost.name, e)  # fmt: skip
-                cost.verified = False
-            return
-        if cost is not None:
-            cost.observe(total, seconds)
-        self._metrics_for(first.ticket).stats.ran(len(batch), total, seconds)  # one graph: one model version
-        offset = 0
-        for item, n in zip(batch, rows, strict=True):
-            metrics = self._metrics_for(item.ticket)
-            metrics.run_seconds.observe(seconds)
-            metrics.batch_size.observe(len(batch))
-            held.add(item.outbox, item.future, True, [o[offset : offset + n] for o in outputs])
-            self._finished(item)
-            offset += n
-
-    def _verify(self, batch: list[_Item], outputs: list[np.ndarray], executor, fetches, pin) -> None:
-        """Automatic batching's check, on a client graph's first batch: its first requests run alone too, and must
-        get the rows the batch gave them (within rounding); else the graph mixes rows (a softmax or mean over the
-        batch, a random op) and never batches again: _NotBatchable."""
-        cost = batch[0].cost
-        offset = 0
-        for item in batch[:VERIFY_REQUESTS]:
-            started = time.monotonic()
-            alone = executor.run(item.feeds, fetches, (), "", pin)
-            cost.observe(item.rows, time.monotonic() - started)
-            if not answers_agree([o[offset : offset + item.rows] for o in outputs], alone):
-                log.warning(
-                    "client graph %s runs unbatched: batched, its answers differ from the same requests run one by "
-                    "one (its rows depend on each other, or it is not deterministic)", cost.name
-                )  # fmt: skip
-                cost.verified = False
-                raise _NotBatchable()
-            offset += item.rows
-        cost.verified = True
-
-    def _run_alone(self, item: _Item, executor, fetches, pin, started: float, held: Held) -> bool:
-        """Run ``item`` on its own and hand its answer back; whether it ran without an error."""
-        try:
-            result, ok = executor.run(item.feeds, fetches, (), "", pin), True
-        except BaseException as e:
-            result, ok = e, False
-        seconds = time.monotonic() - started
-        if ok and item.cost is not None:
-            item.cost.observe(item.rows, seconds)
-        metrics = self._metrics_for(item.ticket)
-        metrics.run_seconds.observe(seconds)
-        metrics.stats.ran(1, item.rows, seconds)
-        metrics.batch_size.observe(1)
-        held.add(item.outbox, item.future, ok, result)
-        self._finished(item)
-        return ok
-
     def close(self) -> None:
         """Let queued work finish, then stop the workers; later submits raise RuntimeError."""
         with self._cond:
@@ -682,13 +494,3 @@ class RunHandler:
             self._cond.notify_all()
         for t in self._threads:
             t.join()
-
-
-class _NotBatchable(Exception):
-    pass
-
-
-def _saturated(item: _Item) -> bool:
-    """Whether ``item``'s client graph already runs as many times at once as the scheduler lets it."""
-    cost = item.cost
-    return cost is not None and cost.running >= cost.choice.concurrency

@@ -36,6 +36,19 @@ SAVED_MODEL_FILES = ("saved_model.pb", "saved_model.pbtxt")
 HIDDEN_SIGNATURES = frozenset({"__saved_model_init_op"})
 
 
+def _check_signature_tensors(graph: tf.Graph, signatures: dict, path: str) -> None:
+    """LoadError when a signature names a tensor the graph does not hold."""
+    for sig in signatures.values():
+        for alias, spec in [*sig.inputs.items(), *sig.outputs.items()]:
+            try:
+                graph.get_tensor_by_name(spec.name)
+            except (KeyError, ValueError) as e:
+                raise LoadError(
+                    f"{path}: signature {sig.name!r} names tensor {spec.name!r} for {alias!r}, which is not in the "
+                    f"graph"
+                ) from e
+
+
 @dataclass(frozen=True)
 class TensorSpec:
     """One signature tensor: graph tensor name, dtype (TF enum and NumPy), static shape (None = unknown rank)."""
@@ -195,15 +208,7 @@ def load_saved_model(
         if init_op is not None and not _runs_nothing(init_op):
             loader.run_init_ops(session, list(tags))
         signatures = {name: _signature(name, sig, path) for name, sig in visible.items()}
-        for sig in signatures.values():
-            for alias, spec in [*sig.inputs.items(), *sig.outputs.items()]:
-                try:
-                    graph.get_tensor_by_name(spec.name)
-                except (KeyError, ValueError) as e:
-                    raise LoadError(
-                        f"{path}: signature {sig.name!r} names tensor {spec.name!r} for {alias!r}, "
-                        f"which is not in the graph"
-                    ) from e
+        _check_signature_tensors(graph, signatures, path)
     except LoadError:
         session.close()
         raise

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from servex.executor import run_handler
+from servex.executor import batch_runs
 from servex.executor.batching import BatchingOptions, pad_to_common_shape
 from servex.executor.run_handler import RunHandler
 from tests.executor.fakes import batched as queue_batched
@@ -125,7 +125,7 @@ def test_a_batch_whose_inputs_cannot_be_merged_runs_each_request_alone(monkeypat
     def no_memory(parts):
         raise MemoryError("padding")
 
-    monkeypatch.setattr(run_handler, "pad_to_common_shape", no_memory)
+    monkeypatch.setattr(batch_runs, "pad_to_common_shape", no_memory)
     values = [np.array([[1, 2]], np.float32), np.array([[3, 4, 5]], np.float32)]
     handler = RunHandler(1, batching=BatchingOptions(max_batch_size=8, pad_variable_length_inputs=True))
     executor = Echo()

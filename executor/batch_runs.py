@@ -1,0 +1,169 @@
+"""How the RunHandler's worker runs a batch: the queued requests of one client graph merged into one run (padded
+up to an allowed batch size), each caller handed its own rows; automatic batching's first-batch check; and each
+request run on its own where the batch cannot be (a graph that mixes rows or refuses the batch, a bad input).
+A mixin of RunHandler (executor/run_handler.py): it uses the handler's lock, metrics and cost model.
+
+- **Batching** (``submit_batchable``): a free worker takes the highest-priority request and, from the same
+  priority, every queued request of the same client graph whose inputs agree on all but the 0th dimension, up to
+  ``max_batch_size`` rows; they run as one (padded up to the next allowed batch size) and each caller gets
+  exactly its own rows back. A free worker never waits for a batch to fill: batching costs nothing at low load,
+  and under load batches form from what queues while the workers are busy. A request of 0 rows runs alone.
+  With ``pad_variable_length_inputs`` (TensorFlow Serving's), inputs of the same rank that differ in other
+  dimensions batch too: each is padded at the end of every dimension but the 0th to the batch's largest size, with
+  its own first element, as TensorFlow Serving pads; outputs come back at the padded size.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+import numpy as np
+
+from servex.executor.answers import Held
+from servex.executor.batching import BatchingOptions, PaddedBatch, batch_rows, pad_to_common_shape
+from servex.executor.cost_model import VERIFY_REQUESTS, answers_agree
+from servex.executor.work import WorkItem
+from servex.loader.errors import ServingError
+
+log = logging.getLogger("servex.executor.run_handler")
+
+
+class BatchRuns:
+    def _fill_batch(self, batch: list[WorkItem], queue, paced: bool, now: float) -> None:
+        """Add to ``batch`` (its first request taken) the queued requests of the same client graph that fit: within
+        its batch limit, the pacing credit, and padding's byte bound. The lock is held."""
+        item = batch[0]
+        outbox = item.outbox
+        rows = item.rows
+        most = outbox.credit if paced else math.inf  # requests in the batch
+        batching = item.args[3]
+        limit = item.cost.batch_limit() if item.cost is not None else batching.max_batch_size
+        bounded = batching.pad_variable_length_inputs and self.max_padded_batch_bytes
+        padded = PaddedBatch.of(item) if bounded else None  # padding's byte bound: what the batch holds
+        for other in list(queue):
+            if len(batch) >= most:
+                break
+            if (
+                other.batch_key == item.batch_key
+                and rows + other.rows <= limit
+                and (not paced or other.outbox is outbox)  # credit is the loop's own
+            ):
+                expired = other.ticket.deadline is not None and now > other.ticket.deadline
+                if other.future.cancelled() or expired:
+                    queue.remove(other)
+                    self._dequeued(other)
+                    self._drop(other, now, expired)
+                    continue
+                if padded is not None:
+                    joined = padded.joined(other)
+                    if self._over_padded_bytes(joined, batching, item.feeds):
+                        continue  # it waits for a later batch
+                    padded = joined
+                queue.remove(other)
+                self._dequeued(other)
+                batch.append(other)
+                rows += other.rows
+
+    def _over_padded_bytes(self, padded: PaddedBatch, batching: BatchingOptions, feeds: dict) -> bool:
+        """Whether a batch padded as ``padded`` says (inputs like ``feeds``) would hold more than
+        ``max_padded_batch_bytes`` (set) where padding makes it larger than its inputs are: padding one long input's
+        length onto short ones must not make a batch no single request could be. A batch that needs no padding is
+        bounded as without pad_variable_length_inputs: not at all."""
+        if not padded.padded:
+            return False
+        return padded.nbytes(feeds, batch_rows(batching, padded.rows)) > self.max_padded_batch_bytes
+
+    def _run_batch(self, batch: list[WorkItem], started: float, held: Held) -> None:
+        first = batch[0]
+        executor, fetches, pin, batching = first.args
+        rows = [item.rows for item in batch]
+        total = sum(rows)
+        size = batch_rows(batching, total)
+        cost = first.cost
+        unbatched = first.batch_key in self._unbatchable or (cost is not None and cost.verified is False)
+        if len(batch) == 1 and size == total or unbatched:  # nothing to merge, pad or split: each its own run
+            for i, item in enumerate(batch):
+                self._run_alone(item, executor, fetches, pin, time.monotonic() if i else started, held)
+            return
+        try:
+            feeds = {}
+            for name in first.feeds:
+                parts = [item.feeds[name] for item in batch]  # each has rows: zero-row requests never batch
+                if batching.pad_variable_length_inputs:
+                    parts = pad_to_common_shape(parts)
+                if size > total:  # pad with copies of the last row, as TensorFlow Serving pads
+                    parts.append(np.repeat(parts[-1][-1:], size - total, axis=0))
+                feeds[name] = parts[0] if len(parts) == 1 else np.concatenate(parts)
+            outputs = executor.run(feeds, fetches, (), "", pin)
+            seconds = time.monotonic() - started
+            if any(o.ndim == 0 or o.shape[0] != size for o in outputs):
+                self._unbatchable.add(first.batch_key)  # later requests of this graph run on their own
+                raise _NotBatchable()
+            if cost is not None and cost.verified is None:
+                self._verify(batch, outputs, executor, fetches, pin)
+        except BaseException as e:
+            # Outputs without the batch dimension, one caller's bad input that must not fail the others, or no
+            # memory for the merged inputs (the worker must live on, or every queued caller would wait forever):
+            # run each on its own.
+            alone = [self._run_alone(item, executor, fetches, pin, time.monotonic(), held) for item in batch]
+            if cost is not None and isinstance(e, ServingError) and all(alone):
+                # Every request runs alone, and TensorFlow refused them merged (a graph with a fixed batch size):
+                # automatic batching leaves this graph.
+                log.info("client graph %s runs unbatched: it refused a batch its requests run alone in (%s)",
+                         cost.name, e)  # fmt: skip
+                cost.verified = False
+            return
+        if cost is not None:
+            cost.observe(total, seconds)
+        self._metrics_for(first.ticket).stats.ran(len(batch), total, seconds)  # one graph: one model version
+        offset = 0
+        for item, n in zip(batch, rows, strict=True):
+            metrics = self._metrics_for(item.ticket)
+            metrics.run_seconds.observe(seconds)
+            metrics.batch_size.observe(len(batch))
+            held.add(item.outbox, item.future, True, [o[offset : offset + n] for o in outputs])
+            self._finished(item)
+            offset += n
+
+    def _verify(self, batch: list[WorkItem], outputs: list[np.ndarray], executor, fetches, pin) -> None:
+        """Automatic batching's check, on a client graph's first batch: its first requests run alone too, and must
+        get the rows the batch gave them (within rounding); else the graph mixes rows (a softmax or mean over the
+        batch, a random op) and never batches again: _NotBatchable."""
+        cost = batch[0].cost
+        offset = 0
+        for item in batch[:VERIFY_REQUESTS]:
+            started = time.monotonic()
+            alone = executor.run(item.feeds, fetches, (), "", pin)
+            cost.observe(item.rows, time.monotonic() - started)
+            if not answers_agree([o[offset : offset + item.rows] for o in outputs], alone):
+                log.warning(
+                    "client graph %s runs unbatched: batched, its answers differ from the same requests run one by "
+                    "one (its rows depend on each other, or it is not deterministic)", cost.name
+                )  # fmt: skip
+                cost.verified = False
+                raise _NotBatchable()
+            offset += item.rows
+        cost.verified = True
+
+    def _run_alone(self, item: WorkItem, executor, fetches, pin, started: float, held: Held) -> bool:
+        """Run ``item`` on its own and hand its answer back; whether it ran without an error."""
+        try:
+            result, ok = executor.run(item.feeds, fetches, (), "", pin), True
+        except BaseException as e:
+            result, ok = e, False
+        seconds = time.monotonic() - started
+        if ok and item.cost is not None:
+            item.cost.observe(item.rows, seconds)
+        metrics = self._metrics_for(item.ticket)
+        metrics.run_seconds.observe(seconds)
+        metrics.stats.ran(1, item.rows, seconds)
+        metrics.batch_size.observe(1)
+        held.add(item.outbox, item.future, ok, result)
+        self._finished(item)
+        return ok
+
+
+class _NotBatchable(Exception):
+    pass
