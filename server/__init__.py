@@ -1,19 +1,17 @@
-"""server: the servex process.
+"""servex.server: the process, and everything between a caller and the executor.
 
-Owns the CLI and typed settings (server/config/tfserving_flags.py: TensorFlow Serving's flags beyond servex's own;
-server/config/triton_flags.py: Triton's command line, for a Triton model repository), the
-gRPC port (server/transport/listeners.py: several grpc.aio listeners on it; server/transport/tls.py: TLS from
-TensorFlow Serving's
-SSLConfig), the services (TensorFlow Serving's
-PredictionService and ModelService, KServe v2 / Triton, servex.v1, health, reflection), REST, the Prometheus
-/metrics endpoint and shutdown. Protocol adapters (server/protocols/tfserving/grpc_api.py,
-server/protocols/kserve/grpc_api.py, server/rest_*.py) are thin: they decode tensors
-(server/transport/tensors.py, server/protocols/kserve/v2_types.py; Triton's
-shared memory regions in server/protocols/kserve/shared_memory.py; Triton's log and trace settings in
-server/protocols/kserve/v2_settings.py) and
-call the one ServingCore (server/core.py), which hands runs to `executor/`. server/warmup.py replays a version's
-warm-up records through that core before it serves. server/protocols/kserve/v2_config.py answers Triton's ModelConfig
-and checks
-a Triton repository's config.pbtxt against its SavedModel; server/config/batching.py reads TensorFlow Serving's
-BatchingParameters files.
+A request's path, in the order a newcomer reads it:
+
+- ``transport/``: how bytes arrive and leave: the gRPC call scope every method goes through (``rpc.py``: errors to
+  statuses, metrics, deadlines), the gRPC port's listeners and TLS, the REST server (``http.py``, aiohttp), and the
+  wire codecs (``tensors.py``: TensorProto <-> NumPy; ``json_codec.py``: JSON <-> NumPy). It knows no protocol.
+- ``protocols/``: thin adapters, one subpackage per protocol (``tfserving/``, ``kserve/``, ``servex/``): decode the
+  request, call the core, encode the answer. Protocols never import each other.
+- ``core.py``: the ServingCore, the one data plane under every protocol: resolve model, version and signature,
+  check inputs against the signature, and hand the run to ``servex.executor``. It imports no protocol.
+
+Around them: the process at the top (``cli.py`` parses the command line, ``app.py`` loads models and starts the
+ports, ``supervisor.py`` runs several serving processes, ``warmup.py`` replays a version's warm-up records,
+``cores.py`` and ``affinity.py`` size and pin threads, ``healthcheck.py`` is the ``servex-health`` probe);
+``config/``, the settings and the TensorFlow Serving and Triton command lines; ``observability/``, metrics.
 """
