@@ -163,7 +163,11 @@ def test_dockerignore_sends_what_the_build_copies_and_nothing_else(dockerfile):
     for source in sources:
         assert (REPO / source).exists(), source
         assert not dockerignored(source.rstrip("/"), patterns), f"{source} is copied but .dockerignore drops it"
-    for path in ("server/core.py", "protos/__init__.py", "README.md"):
+    # what building the wheel reads: the metadata, setup.py's package map, and every folder it maps beneath servex
+    for needed in ("pyproject.toml", "setup.py", "README.md", "servex/", "server/", "executor/", "loader/", "transfer/",
+                   "protos/"):  # fmt: skip
+        assert needed in sources or needed.rstrip("/") in sources, f"the build needs {needed}"
+    for path in ("server/core.py", "protos/__init__.py", "README.md", "setup.py", "servex/__init__.py"):
         assert not dockerignored(path, patterns), path
     for path in (".venv/bin/python", ".git/HEAD", "tests/conftest.py", "scripts/bench_predict.py",
                  "server/__pycache__/core.cpython-311.pyc"):  # fmt: skip
