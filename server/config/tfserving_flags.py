@@ -2,7 +2,8 @@
 takes but that change nothing here (each one given is noted, with the reason), those it refuses, and the reading of
 the files and lists its other flags name (a session ConfigProto, a platform config, a MonitoringConfig, gRPC channel
 arguments).
-server/cli.py builds the parser and the settings; this module keeps TensorFlow Serving's side of it apart.
+server/config/flags.py builds the parser (these flags are OTHER_FLAGS), server/cli.py the settings; this module keeps
+TensorFlow Serving's side of it apart.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from importlib import metadata
 from pathlib import Path
 
 from google.protobuf import text_format
+
+from servex.server.config.flagspec import TFSERVING_OTHER, Flag
 
 DEFAULT_PROMETHEUS_PATH = "/monitoring/prometheus/metrics"  # TensorFlow Serving's
 
@@ -49,16 +52,14 @@ REFUSED_FLAGS = {
 }
 
 
-def add_other_flags(p: argparse.ArgumentParser) -> None:
-    """TensorFlow Serving's flags that servex does not implement, as a group of their own in --help."""
-    group = p.add_argument_group(
-        "TensorFlow Serving's flags that change nothing in servex (taken so that its command lines start servex; "
-        "each one given is logged with the reason)"
-    )
-    for flag, why in NO_EFFECT_FLAGS.items():
-        group.add_argument(f"--{flag}", nargs="?", const="true", default=None, metavar="VALUE", help=why)
-    for flag, why in REFUSED_FLAGS.items():
-        group.add_argument(f"--{flag}", nargs="?", const="true", default=None, metavar="VALUE", help=f"refused: {why}")
+# Their declarations (server/config/flagspec.py): each takes a value, or none (then "true").
+OTHER_FLAGS = tuple(
+    Flag(name, why, TFSERVING_OTHER, const="true", default=None, metavar="VALUE", tfserving=True)
+    for name, why in NO_EFFECT_FLAGS.items()
+) + tuple(
+    Flag(name, f"refused: {why}", TFSERVING_OTHER, const="true", default=None, metavar="VALUE", tfserving=True)
+    for name, why in REFUSED_FLAGS.items()
+)
 
 
 def check_other_flags(args: argparse.Namespace, fail) -> list[str]:
@@ -213,10 +214,14 @@ def platform_config(path: str, fail, notes: list[str]) -> PlatformConfig:
 
 
 def given_flags(parser: argparse.ArgumentParser, argv: list[str] | None, dests) -> list[str]:
-    """Those of ``dests`` that the command line gives (whatever their value)."""
+    """Those of ``dests`` that the command line gives (whatever their value); the parser is left as it was."""
     unset = object()
+    defaults = {dest: parser.get_default(dest) for dest in dests}
     parser.set_defaults(**dict.fromkeys(dests, unset))
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    finally:
+        parser.set_defaults(**defaults)
     return [dest for dest in dests if getattr(args, dest) is not unset]
 
 

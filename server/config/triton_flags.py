@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import argparse
 
+from servex.server.config.flagspec import TRITON, Flag, parse_bool
+
 DEFAULT_GRPC_PORT = 8001
 DEFAULT_HTTP_PORT = 8000
 DEFAULT_METRICS_PORT = 8002
@@ -106,119 +108,71 @@ def _int_or_bool(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer, true or false, got {text!r}") from None
 
 
-def add_triton_flags(p: argparse.ArgumentParser, bool_type) -> None:
-    """Triton's flags, each with a ``triton_`` destination so that none collides with TensorFlow Serving's."""
-    g = p.add_argument_group("Triton's command line (a Triton model repository; see server/config/triton_flags.py)")
-    g.add_argument(
-        "--model-repository",
-        "--model-store",
-        dest="triton_model_repository",
-        action="append",
-        default=[],
-        metavar="PATH",
-        help="a Triton model repository (repeatable): each folder is a model",
-    )
-    for flag, default, what in (("grpc-port", DEFAULT_GRPC_PORT, "gRPC"), ("http-port", DEFAULT_HTTP_PORT, "REST"),
-                                ("metrics-port", DEFAULT_METRICS_PORT, "metrics")):  # fmt: skip
-        g.add_argument(f"--{flag}", dest=f"triton_{flag.replace('-', '_')}", type=int, default=None,
-                       help=f"{what} port with a Triton model repository (default {default})")  # fmt: skip
-    for flag in ("grpc-address", "http-address"):
-        g.add_argument(f"--{flag}", dest=f"triton_{flag.replace('-', '_')}", default=None, help="address to bind")
-    for flag, help in (
-        ("allow-grpc", "false is refused: servex always serves gRPC"),
-        ("allow-http", "false: no REST port"),
-        ("allow-metrics", "false: no metrics port"),
-        ("exit-on-error", "exit when a model fails to load at start (default true with a repository)"),
-        ("strict-readiness", "ready only while every model serves (default true with a repository)"),
-        ("grpc-use-ssl", "TLS on the gRPC port (needs --grpc-server-cert and --grpc-server-key)"),
-        ("grpc-use-ssl-mutual", "TLS with client certificates checked against --grpc-root-cert"),
-        ("log-info", "log informational messages (default true)"),
-        ("log-warning", "log warnings (default true)"),
-        ("log-error", "log errors (default true)"),
-    ):
-        g.add_argument(f"--{flag}", dest=f"triton_{flag.replace('-', '_')}", type=bool_type, nargs="?", const=True,
-                       default=None, help=help)  # fmt: skip
-    g.add_argument(
-        "--model-control-mode",
-        dest="triton_model_control_mode",
-        type=str.lower,
-        choices=CONTROL_MODES,
-        default=None,
-        help="none: every model at start, no change after; poll: the repositories re-read every "
-        "--repository-poll-secs; explicit: --load-model at start, the repository extension after",
-    )
-    g.add_argument(
-        "--repository-poll-secs",
-        dest="triton_repository_poll_secs",
-        type=float,
-        default=None,
-        help=f"poll mode: seconds between reads of the repositories (default {DEFAULT_POLL_SECONDS:g})",
-    )
-    g.add_argument(
-        "--load-model",
-        dest="triton_load_model",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="explicit mode: a model to load at start (repeatable; * for all)",
-    )
-    g.add_argument(
-        "--exit-timeout-secs",
-        dest="triton_exit_timeout_secs",
-        type=float,
-        default=None,
-        help=f"seconds in-flight calls have at shutdown (default {DEFAULT_EXIT_TIMEOUT_SECONDS:g})",
-    )
-    for flag in ("grpc-server-cert", "grpc-server-key", "grpc-root-cert"):
-        g.add_argument(f"--{flag}", dest=f"triton_{flag.replace('-', '_')}", default="", metavar="FILE",
-                       help="PEM file for --grpc-use-ssl")  # fmt: skip
-    g.add_argument(
-        "--log-verbose",
-        dest="triton_log_verbose",
-        type=_int_or_bool,
-        default=None,
-        help="above 0 (or true): debug logging",
-    )
-    g.add_argument(
-        "--model-load-retry-count",
-        dest="triton_model_load_retry_count",
-        type=int,
-        default=None,
-        help="retries of a failed load (servex's --max_num_load_retries)",
-    )
-    g.add_argument(
-        "--disable-auto-complete-config",
-        dest="triton_disable_auto_complete_config",
-        type=bool_type,
-        nargs="?",
-        const=True,
-        default=None,
-        help="no max_batch_size from the SavedModel",
-    )
-    g.add_argument(
-        "--strict-model-config",
-        dest="triton_strict_model_config",
-        type=bool_type,
-        nargs="?",
-        const=True,
-        default=None,
-        help="true: as --disable-auto-complete-config",
-    )
-    for flag in ("grpc-restricted-protocol", "http-restricted-api"):
-        g.add_argument(f"--{flag}", dest=f"triton_{flag.replace('-', '_')}", action="append", default=[],
-                       metavar="CATEGORY[,...]:KEY=VALUE",
-                       help="model-repository:KEY=VALUE: load and unload need that header")  # fmt: skip
-    g.add_argument(
-        "--backend-config",
-        dest="triton_backend_config",
-        action="append",
-        default=[],
-        metavar="[BACKEND,]SETTING=VALUE",
-        help="tensorflow's default-max-batch-size is taken",
-    )
-    for flag in NO_EFFECT_FLAGS:
-        g.add_argument(f"--{flag}", dest=f"triton_noop_{flag.replace('-', '_')}", nargs="?", const="true",
-                       action="append", default=None, help=argparse.SUPPRESS)  # fmt: skip
+def _triton(name: str, help: str, **kwargs) -> Flag:
+    """A Triton flag: its destination is ``triton_`` and its name, so that none collides with TensorFlow
+    Serving's; not given, it is None (its default applies only with a model repository: ``doc_default``)."""
+    kwargs.setdefault("default", None)
+    return Flag(name, help, TRITON, dest="triton_" + name.replace("-", "_"), **kwargs)
+
+
+def _switch(name: str, help: str, **kwargs) -> Flag:
+    return _triton(name, help, type=parse_bool, **kwargs)
+
+
+# Triton's flags that servex takes, in --help's order; ``sets``: the servex flag whose setting one gives.
+FLAGS = (
+    _triton("model-repository", "a Triton model repository (repeatable): each folder is a model",
+            aliases=("model-store",), default=(), repeatable=True, metavar="PATH", doc_default="none"),
+    _triton("grpc-port", f"gRPC port with a Triton model repository (default {DEFAULT_GRPC_PORT})", type=int,
+            sets="port", doc_default=str(DEFAULT_GRPC_PORT)),
+    _triton("http-port", f"REST port with a Triton model repository (default {DEFAULT_HTTP_PORT})", type=int,
+            sets="rest_api_port", doc_default=str(DEFAULT_HTTP_PORT)),
+    _triton("metrics-port", f"metrics port with a Triton model repository (default {DEFAULT_METRICS_PORT})",
+            type=int, sets="metrics_port", doc_default=str(DEFAULT_METRICS_PORT)),
+    _triton("grpc-address", "address to bind", sets="bind_address"),
+    _triton("http-address", "address to bind", sets="bind_address"),
+    _switch("allow-grpc", "false is refused: servex always serves gRPC"),
+    _switch("allow-http", "false: no REST port"),
+    _switch("allow-metrics", "false: no metrics port"),
+    _switch("exit-on-error", "exit when a model fails to load at start (default true with a repository)"),
+    _switch("strict-readiness", "ready only while every model serves (default true with a repository)"),
+    _switch("grpc-use-ssl", "TLS on the gRPC port (needs --grpc-server-cert and --grpc-server-key)"),
+    _switch("grpc-use-ssl-mutual", "TLS with client certificates checked against --grpc-root-cert",
+            sets="ssl_client_verify"),
+    _switch("log-info", "log informational messages (default true)"),
+    _switch("log-warning", "log warnings (default true)"),
+    _switch("log-error", "log errors (default true)"),
+    _triton("model-control-mode", "none: every model at start, no change after; poll: the repositories re-read "
+            "every --repository-poll-secs; explicit: --load-model at start, the repository extension after",
+            type=str.lower, choices=CONTROL_MODES, doc_default="none"),
+    _triton("repository-poll-secs", "poll mode: seconds between reads of the repositories (default "
+            f"{DEFAULT_POLL_SECONDS:g})", type=float, sets="file_system_poll_wait_seconds",
+            doc_default=f"{DEFAULT_POLL_SECONDS:g}"),
+    _triton("load-model", "explicit mode: a model to load at start (repeatable; * for all)", default=(),
+            repeatable=True, metavar="NAME", doc_default="none"),
+    _triton("exit-timeout-secs", "seconds in-flight calls have at shutdown (default "
+            f"{DEFAULT_EXIT_TIMEOUT_SECONDS:g})", type=float, sets="drain_seconds",
+            doc_default=f"{DEFAULT_EXIT_TIMEOUT_SECONDS:g}"),
+    *(_triton(name, "PEM file for --grpc-use-ssl", default="", metavar="FILE", sets=sets)
+      for name, sets in (("grpc-server-cert", "ssl_server_cert_file"), ("grpc-server-key", "ssl_server_key_file"),
+                         ("grpc-root-cert", "ssl_custom_ca_file"))),
+    _triton("log-verbose", "above 0 (or true): debug logging", type=_int_or_bool, doc_default="0"),
+    _triton("model-load-retry-count", "retries of a failed load (servex's --max_num_load_retries)", type=int,
+            sets="max_num_load_retries"),
+    _switch("disable-auto-complete-config", "no max_batch_size from the SavedModel"),
+    _switch("strict-model-config", "true: as --disable-auto-complete-config"),
+    *(_triton(name, "model-repository:KEY=VALUE: load and unload need that header", default=(), repeatable=True,
+              metavar="CATEGORY[,...]:KEY=VALUE", doc_default="none")
+      for name in ("grpc-restricted-protocol", "http-restricted-api")),
+    _triton("backend-config", "tensorflow's default-max-batch-size is taken", default=(), repeatable=True,
+            metavar="[BACKEND,]SETTING=VALUE", doc_default="none",
+            doc="`tensorflow,default-max-batch-size=N` (default 4): the max_batch_size a model whose SavedModel "
+            "batches and whose config.pbtxt gives none gets; other settings are logged as changing nothing."),
+    # Taken and noted (hidden from --help, listed in docs/flags.md).
+    *(Flag(name, f"no effect: {why}", TRITON, dest="triton_noop_" + name.replace("-", "_"), default=None,
+           const="true", repeatable=True, hidden=True)
+      for name, why in NO_EFFECT_FLAGS.items()),
+)  # fmt: skip
 
 
 # TensorFlow Serving's and servex's settings whose defaults become Triton's with a model repository, unless given
@@ -258,7 +212,30 @@ def apply(args: argparse.Namespace, given: set[str], fail, notes: list[str]) -> 
              "give it without --enable_batching and --batching_parameters_file")  # fmt: skip
     if args.triton_allow_grpc is False:
         fail("--allow-grpc=false: servex always serves gRPC")
+    _ports_and_address(args, given, fail)
+    _control_mode(args, fail, notes)
+    args.triton_exit_on_error = True if args.triton_exit_on_error is None else args.triton_exit_on_error
+    args.triton_strict_readiness = True if args.triton_strict_readiness is None else args.triton_strict_readiness
+    if args.triton_exit_timeout_secs is not None:
+        args.drain_seconds = args.triton_exit_timeout_secs
+    elif "drain_seconds" not in given:
+        args.drain_seconds = DEFAULT_EXIT_TIMEOUT_SECONDS
+    _tls(args, fail)
+    if args.triton_model_control_mode == "explicit" and args.serving_processes > 1:
+        fail("--model-control-mode=explicit needs --serving_processes=1: a load or unload would reach one of the "
+             "processes sharing the ports")  # fmt: skip
+    _restrictions(args, fail)
+    if args.triton_model_load_retry_count is not None:
+        args.max_num_load_retries = args.triton_model_load_retry_count
+    args.repository_auto_complete = not (args.triton_disable_auto_complete_config or args.triton_strict_model_config)
+    _backend_config(args, fail, notes)
+    if args.triton_log_verbose:
+        args.log_level = "debug"
+    elif args.triton_log_info is False:
+        args.log_level = "error" if args.triton_log_warning is False else "warning"
 
+
+def _ports_and_address(args: argparse.Namespace, given: set[str], fail) -> None:
     def port(triton_dest: str, tfs_dest: str, default: int, allowed) -> int:
         if allowed is False:
             return 0
@@ -275,6 +252,9 @@ def apply(args: argparse.Namespace, given: set[str], fail, notes: list[str]) -> 
         fail(f"--grpc-address and --http-address differ ({sorted(addresses)}): servex binds every port to one address")
     if addresses:
         args.bind_address = addresses.pop()
+
+
+def _control_mode(args: argparse.Namespace, fail, notes: list[str]) -> None:
     mode = args.triton_model_control_mode or "none"
     if args.triton_load_model and mode != "explicit":
         notes.append(f"--load-model has no effect without --model-control-mode=explicit (mode {mode}), as in Triton")
@@ -292,12 +272,9 @@ def apply(args: argparse.Namespace, given: set[str], fail, notes: list[str]) -> 
     else:  # the versions on disk are read at start (and, explicit, at each load), not watched
         args.file_system_poll_wait_seconds = 0.0
     args.triton_model_control_mode = mode
-    args.triton_exit_on_error = True if args.triton_exit_on_error is None else args.triton_exit_on_error
-    args.triton_strict_readiness = True if args.triton_strict_readiness is None else args.triton_strict_readiness
-    if args.triton_exit_timeout_secs is not None:
-        args.drain_seconds = args.triton_exit_timeout_secs
-    elif "drain_seconds" not in given:
-        args.drain_seconds = DEFAULT_EXIT_TIMEOUT_SECONDS
+
+
+def _tls(args: argparse.Namespace, fail) -> None:
     if args.triton_grpc_use_ssl or args.triton_grpc_use_ssl_mutual:
         if args.ssl_config_file or args.ssl_server_cert_file or args.ssl_server_key_file:
             fail("--grpc-use-ssl and TensorFlow Serving's TLS flags are two ways to give one TLS configuration: "
@@ -306,9 +283,9 @@ def apply(args: argparse.Namespace, given: set[str], fail, notes: list[str]) -> 
         args.ssl_server_key_file = args.triton_grpc_server_key
         args.ssl_custom_ca_file = args.triton_grpc_root_cert
         args.ssl_client_verify = bool(args.triton_grpc_use_ssl_mutual)
-    if mode == "explicit" and args.serving_processes > 1:
-        fail("--model-control-mode=explicit needs --serving_processes=1: a load or unload would reach one of the "
-             "processes sharing the ports")  # fmt: skip
+
+
+def _restrictions(args: argparse.Namespace, fail) -> None:
     for protocol, flag in (("grpc", "grpc-restricted-protocol"), ("http", "http-restricted-api")):
         for item in getattr(args, f"triton_{flag.replace('-', '_')}"):
             categories, colon, header = item.partition(":")
@@ -320,9 +297,9 @@ def apply(args: argparse.Namespace, given: set[str], fail, notes: list[str]) -> 
                 fail(f"--{flag}={item}: servex restricts only the model-repository category; {other} would be "
                      f"served open, not restricted")  # fmt: skip
             args.repository_restrictions[protocol] = (key.strip().lower(), value)
-    if args.triton_model_load_retry_count is not None:
-        args.max_num_load_retries = args.triton_model_load_retry_count
-    args.repository_auto_complete = not (args.triton_disable_auto_complete_config or args.triton_strict_model_config)
+
+
+def _backend_config(args: argparse.Namespace, fail, notes: list[str]) -> None:
     for item in args.triton_backend_config:
         backend, _, setting = item.partition(",") if "," in item else ("", "", item)
         key, eq, value = setting.partition("=")
@@ -335,7 +312,3 @@ def apply(args: argparse.Namespace, given: set[str], fail, notes: list[str]) -> 
                 fail(f"--backend-config={item}: default-max-batch-size must be an integer")
         else:
             notes.append(f"--backend-config={item} has no effect in servex: only default-max-batch-size is taken")
-    if args.triton_log_verbose:
-        args.log_level = "debug"
-    elif args.triton_log_info is False:
-        args.log_level = "error" if args.triton_log_warning is False else "warning"
