@@ -7,20 +7,26 @@ generated modules import each other through the installed package: ``from servex
 
 TensorFlow's .proto sources are not in its wheel, so the imports (tensorflow/core/framework/tensor.proto) are
 resolved from the descriptors compiled into the installed TensorFlow modules, passed to protoc as a descriptor set.
+
+protoc is always GENERATOR's, from a virtual environment of its own (made on first use under
+``~/.cache/servex/``): the gencode it writes (protobuf 6.31.1, grpcio 1.80.1) is what decides the oldest protobuf
+and grpcio servex runs with, so it does not follow whatever grpcio-tools the caller has installed.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
 import sys
 import tempfile
-from importlib import resources
 from pathlib import Path
 
 from google.protobuf import descriptor_pb2
-from grpc_tools import protoc
 
 REPO = Path(__file__).resolve().parents[1]
+# Its protoc writes gencode for protobuf >= 6.31.1 and grpcio >= 1.80.1: pyproject.toml's lower bounds.
+GENERATOR = "grpcio-tools==1.80.1"
 PROTOS = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "protos").rglob("*.proto"))
 
 
@@ -45,6 +51,18 @@ def _dependency_set() -> descriptor_pb2.FileDescriptorSet:
     return descriptor_pb2.FileDescriptorSet(file=files)
 
 
+def generator_python() -> str:
+    """The Python of a virtual environment holding GENERATOR (made on first use)."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    venv = cache / "servex" / GENERATOR.replace("==", "-")
+    python = venv / "bin" / "python"
+    if not (venv / "ready").exists():
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", GENERATOR], check=True)
+        (venv / "ready").touch()
+    return str(python)
+
+
 def generate(out_dir: Path) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "src"
@@ -54,11 +72,13 @@ def generate(out_dir: Path) -> None:
         generated.mkdir()
         deps = Path(tmp) / "deps.pb"
         deps.write_bytes(_dependency_set().SerializeToString())
-        well_known = resources.files("grpc_tools") / "_proto"
-        args = ["protoc", f"-I{root}", f"-I{well_known}", f"--descriptor_set_in={deps}", f"--python_out={generated}",
-                f"--grpc_python_out={generated}", *(f"servex/{proto}" for proto in PROTOS)]  # fmt: skip
-        if protoc.main(args) != 0:
-            raise SystemExit(f"protoc failed on {PROTOS}")
+        # grpc_tools.protoc run as a module adds its own well-known .proto files (google/protobuf/*) to the path
+        sources = [f"servex/{proto}" for proto in PROTOS]
+        args = [generator_python(), "-m", "grpc_tools.protoc", f"-I{root}", f"--descriptor_set_in={deps}",
+                f"--python_out={generated}", f"--grpc_python_out={generated}", *sources]  # fmt: skip
+        done = subprocess.run(args, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SystemExit(f"protoc failed on {PROTOS}: {done.stderr}")
         for module in (generated / "servex").rglob("*.py"):
             target = out_dir / module.relative_to(generated / "servex")
             target.parent.mkdir(parents=True, exist_ok=True)

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import ast
 import configparser
+import json
 import shutil
+import socket
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from pathlib import Path
 
@@ -17,6 +20,7 @@ import pytest
 from tests.conftest import REPO
 
 PARTS = ("server", "executor", "loader", "transfer", "protos")
+HALF_PLUS_TWO = REPO.parent / "shared" / "models" / "tensorflow_serving_testdata" / "saved_model_half_plus_two_cpu"
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 80
 
@@ -26,7 +30,13 @@ def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
     build = tmp_path_factory.mktemp("build")
     # a copy of the tracked tree: pip wheel writes build/ beside the sources it builds
-    files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    files = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     for name in files:
         if (REPO / name).is_file():
             (build / name).parent.mkdir(parents=True, exist_ok=True)
@@ -107,3 +117,77 @@ def test_no_product_function_is_over_80_lines():
                 if lines > MAX_FUNCTION_LINES:
                     long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name} ({lines} lines)")
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
+
+
+_TRITON_GRPC_CLIENT = """
+import json, sys, time
+import numpy as np
+import google.protobuf
+import tritonclient.grpc as grpcclient
+
+client = grpcclient.InferenceServerClient(sys.argv[1])
+deadline = time.monotonic() + 120
+while True:
+    try:
+        if client.is_model_ready("half"):
+            break
+    except Exception:
+        pass
+    if time.monotonic() > deadline:
+        sys.exit("servex did not serve 'half' in 120 s")
+    time.sleep(0.3)
+x = grpcclient.InferInput("x", [3, 1], "FP32")
+x.set_data_from_numpy(np.array([[1.0], [2.0], [3.0]], np.float32))
+answer = client.infer("half", [x])
+print(json.dumps({"y": answer.as_numpy("y").ravel().tolist(), "protobuf": google.protobuf.__version__}))
+"""
+
+
+def _ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def test_tritonclient_installs_beside_servex_and_serves_through_its_grpc_client(wheel, tmp_path):
+    """``pip install servex 'tritonclient[grpc,http]'`` into one environment: tritonclient's gRPC extra needs
+    protobuf < 7, and servex runs with it (its generated modules are protobuf 6.31.1 gencode). The scratch
+    environment takes TensorFlow and the other heavy dependencies from the test environment (a .pth after its own
+    site-packages), so what pip resolves for servex and tritonclient together lands in it and wins."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    scratch_site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                  capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    (Path(scratch_site) / "zz_test_environment.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    done = subprocess.run([str(python), "-m", "pip", "install", "-q", str(wheel), "tritonclient[grpc,http]"],
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    port, metrics = _ports(2)
+    log = tmp_path / "servex.log"
+    with open(log, "wb") as out:
+        daemon = subprocess.Popen(
+            [str(venv / "bin" / "servex"), f"--port={port}", f"--metrics_port={metrics}", "--rest_api_port=0",
+             "--model_name=half", f"--model_base_path={HALF_PLUS_TWO}", "--bind_address=127.0.0.1"],
+            stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        client = subprocess.run([str(python), "-c", _TRITON_GRPC_CLIENT, f"127.0.0.1:{port}"], capture_output=True,
+                                text=True, timeout=180)  # fmt: skip
+        assert client.returncode == 0, client.stderr[-3000:] + log.read_text()[-3000:]
+        answer = json.loads(client.stdout.strip().splitlines()[-1])
+        assert answer["y"] == [2.5, 3.0, 3.5]
+        assert int(answer["protobuf"].split(".")[0]) < 7, f"pip resolved protobuf {answer['protobuf']}"
+        health = subprocess.run([str(venv / "bin" / "servex-health"), f"--address=127.0.0.1:{port}"],
+                                capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert health.returncode == 0, health.stdout + health.stderr
+        servex_file = subprocess.run([str(python), "-c", "import servex; print(servex.__file__)"], capture_output=True,
+                                     text=True).stdout  # fmt: skip
+        assert servex_file.startswith(scratch_site), servex_file
+    finally:
+        daemon.terminate()
+        daemon.wait(30)

@@ -5,7 +5,7 @@ import warnings
 
 from servex.protos.inference import grpc_service_pb2 as servex_dot_protos_dot_inference_dot_grpc__service__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.80.1'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -25,7 +25,7 @@ if _version_not_supported:
     )
 
 
-class GRPCInferenceServiceStub:
+class GRPCInferenceServiceStub(object):
     """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
@@ -136,7 +136,7 @@ class GRPCInferenceServiceStub:
                 _registered_method=True)
 
 
-class GRPCInferenceServiceServicer:
+class GRPCInferenceServiceServicer(object):
     """Missing associated documentation comment in .proto file."""
 
     def ServerLive(self, request, context):
@@ -385,7 +385,7 @@ def add_GRPCInferenceServiceServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class GRPCInferenceService:
+class GRPCInferenceService(object):
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod

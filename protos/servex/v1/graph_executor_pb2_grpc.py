@@ -5,7 +5,7 @@ import warnings
 
 from servex.protos.servex.v1 import graph_executor_pb2 as servex_dot_protos_dot_servex_dot_v1_dot_graph__executor__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.80.1'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -25,7 +25,7 @@ if _version_not_supported:
     )
 
 
-class GraphExecutorStub:
+class GraphExecutorStub(object):
     """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
@@ -41,7 +41,7 @@ class GraphExecutorStub:
                 _registered_method=True)
 
 
-class GraphExecutorServicer:
+class GraphExecutorServicer(object):
     """Missing associated documentation comment in .proto file."""
 
     def Run(self, request, context):
@@ -66,7 +66,7 @@ def add_GraphExecutorServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class GraphExecutor:
+class GraphExecutor(object):
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod

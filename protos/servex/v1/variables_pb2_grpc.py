@@ -5,7 +5,7 @@ import warnings
 
 from servex.protos.servex.v1 import variables_pb2 as servex_dot_protos_dot_servex_dot_v1_dot_variables__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.80.1'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -25,7 +25,7 @@ if _version_not_supported:
     )
 
 
-class VariableServiceStub:
+class VariableServiceStub(object):
     """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
@@ -51,7 +51,7 @@ class VariableServiceStub:
                 _registered_method=True)
 
 
-class VariableServiceServicer:
+class VariableServiceServicer(object):
     """Missing associated documentation comment in .proto file."""
 
     def ListVariables(self, request, context):
@@ -98,7 +98,7 @@ def add_VariableServiceServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class VariableService:
+class VariableService(object):
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod
