@@ -185,8 +185,8 @@ def test_tritonclient_installs_beside_servex_and_serves_through_its_grpc_client(
         health = subprocess.run([str(venv / "bin" / "servex-health"), f"--address=127.0.0.1:{port}"],
                                 capture_output=True, text=True, timeout=60)  # fmt: skip
         assert health.returncode == 0, health.stdout + health.stderr
-        servex_file = subprocess.run([str(python), "-c", "import servex; print(servex.__file__)"], capture_output=True,
-                                     text=True).stdout  # fmt: skip
+        servex_file = subprocess.run([str(python), "-c", "import servex; print(servex.__file__)"], cwd=tmp_path,
+                                     capture_output=True, text=True).stdout  # fmt: skip
         assert servex_file.startswith(scratch_site), servex_file
     finally:
         daemon.terminate()
