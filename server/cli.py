@@ -14,7 +14,7 @@ import signal
 import sys
 from typing import NamedTuple
 
-from servex.server import affinity
+from servex.server import affinity, tensorflow_logs
 from servex.server.config import tfserving_flags, triton_flags
 from servex.server.config.flags import build_parser
 from servex.server.config.flagspec import setting_flags
@@ -232,6 +232,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for note in notes:
         logging.getLogger("servex").warning("%s", note)
+    quiet = "TF_CPP_MIN_LOG_LEVEL" not in os.environ  # else TensorFlow logs as the user told it
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     # gRPC core's own log at ERROR and above (read when grpc is first imported, after this): at INFO it writes a
     # line per failed TLS handshake, so any client could fill the log (40,449 lines in a 10-minute soak).
@@ -245,7 +246,8 @@ def main(argv: list[str] | None = None) -> None:
     # mid-import, which a process group's supervisor then reported as a failure).
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _stop_before_serving)
-    from servex.server.app import run  # imports TensorFlow
+    with tensorflow_logs.quiet_load(quiet):
+        from servex.server.app import run  # imports TensorFlow
 
     sys.exit(run(settings))
 
