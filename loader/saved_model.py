@@ -7,6 +7,7 @@ graph is then finalized, so nothing later can grow it by accident. Signatures ar
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from dataclasses import dataclass, field
@@ -60,6 +61,19 @@ class TensorSpec:
 
     def describe(self) -> str:
         return f"{types_pb2.DataType.Name(self.dtype_enum)} {shape_text(self.shape)}"
+
+
+@functools.cache
+def dtype_name(dtype: np.dtype) -> str:
+    """TensorFlow's name for a NumPy dtype (``DT_FLOAT``; strings and objects ``DT_STRING``), or NumPy's name where
+    TensorFlow has none."""
+    dtype = np.dtype(dtype)
+    if dtype.kind in "SUO":
+        return "DT_STRING"
+    try:
+        return types_pb2.DataType.Name(tf.as_dtype(dtype).as_datatype_enum)
+    except TypeError:
+        return dtype.name
 
 
 def shape_text(shape: tuple[int | None, ...] | None) -> str:

@@ -9,6 +9,7 @@ health turns SERVING. Shutdown: health NOT_SERVING, no new calls, in-flight call
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import logging
 import signal
@@ -39,7 +40,9 @@ from servex.server.core import ServingCore
 from servex.server.cores import usable_cores
 from servex.server.observability.metrics import model_load, register_triton_names, start_metrics_server, watch_loop_lag
 from servex.server.protocols.kserve import v2_config
+from servex.server.protocols.kserve.dataplane import DataPlane
 from servex.server.protocols.kserve.repository import ModelRepository
+from servex.server.protocols.kserve.v2_settings import LogSettings
 from servex.server.protocols.servex.admin import BearerTokenInterceptor, VariableService
 from servex.server.protocols.servex.graph_service import GraphExecutorService
 from servex.server.protocols.tfserving.grpc_api import ModelService, PredictionService, SessionService
@@ -54,13 +57,16 @@ log = logging.getLogger("servex")
 
 def session_config(settings: ServerSettings) -> tf.compat.v1.ConfigProto:
     """Every version's session config: --tensorflow_session_config_file's ConfigProto (if any), with the thread
-    pools and GPU memory share of the settings over it, and soft placement on."""
+    pools and GPU memory share of the settings over it, and soft placement on. With --device=cpu, no GPU (unless
+    the file's device_count names GPUs)."""
     config = tf.compat.v1.ConfigProto.FromString(settings.tensorflow_session_config)  # empty: the defaults
     config.intra_op_parallelism_threads = thread_pool_size(settings.tensorflow_intra_op_parallelism)
     config.inter_op_parallelism_threads = thread_pool_size(settings.tensorflow_inter_op_parallelism)
     config.allow_soft_placement = True
     if settings.per_process_gpu_memory_fraction:
         config.gpu_options.per_process_gpu_memory_fraction = settings.per_process_gpu_memory_fraction
+    if settings.device == "cpu" and "GPU" not in config.device_count:  # CUDA is never initialised (or logged)
+        config.device_count["GPU"] = 0
     return config
 
 
@@ -165,6 +171,7 @@ def start_admin_server(
     options,
     repository: ModelRepository | None = None,
     certificates: tls.Certificates | None = None,
+    plane: DataPlane | None = None,
 ) -> grpc.aio.Server | None:
     """The admin port (VariableService; with ``repository``, the KServe v2 repository extension), or None when off;
     over TLS with ``certificates`` (--ssl_config_file)."""
@@ -183,7 +190,7 @@ def start_admin_server(
             grpc_api as kserve,  # not at module level: see server/protocols/kserve/grpc_api.py
         )
 
-        kserve.add_repository_to_server(core, repository, server)
+        kserve.add_repository_to_server(plane or DataPlane(core), repository, server)
     address = f"{settings.admin_bind_address}:{settings.admin_port}"
     try:
         bound = bind(server, address, certificates)
@@ -417,7 +424,8 @@ async def serve(settings: ServerSettings) -> int:
         return 1
     core = ServingCore(manager, run_handler, settings.pin_signature_graphs, settings.max_message_bytes)
     core.strict_readiness = settings.strict_readiness
-    core.log_settings.process_group_size = settings.process_group_size
+    # KServe v2's data plane, both transports': Triton's shared memory, log settings and repository extension
+    plane = DataPlane(core, log_settings=LogSettings(settings.process_group_size))
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
         PredictionService(core, settings.tensor_content_outputs, settings.max_message_bytes), server
     )
@@ -435,8 +443,8 @@ async def serve(settings: ServerSettings) -> int:
     # On the admin port; on the main ports too in explicit model control of a Triton model repository, as Triton
     # serves it (loads by name from the repositories only).
     explicit = bool(settings.model_repositories) and settings.model_control_mode == "explicit"
-    core.model_repository = repository if explicit else None  # REST's /v2/repository/...
-    kserve.add_to_server(core, server, settings.max_message_bytes, core.model_repository)
+    plane.repository = repository if explicit else None  # the main ports' (gRPC and REST)
+    kserve.add_to_server(plane, server, settings.max_message_bytes)
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(
         ModelService(core, lifecycle.apply, settings.process_group_size), server
     )
@@ -455,7 +463,7 @@ async def serve(settings: ServerSettings) -> int:
     )
     address = f"{settings.bind_address}:{settings.port}"
     await health_servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
-    ports = _Ports(settings, server, core, options, lifecycle, repository)
+    ports = _Ports(settings, server, core, options, lifecycle, repository, plane)
     # Alone, servex opens its ports first (health NOT_SERVING while the models load). One of several serving
     # processes opens them once its models are in: the kernel then never hands it a connection it cannot serve.
     in_group = settings.process_group_size > 1
@@ -535,8 +543,11 @@ async def serve(settings: ServerSettings) -> int:
 class _Ports:
     """The gRPC, admin and REST ports of one process: opened together, closed together (draining)."""
 
-    def __init__(self, settings: ServerSettings, server, core: ServingCore, options, lifecycle: Lifecycle, repository):
+    def __init__(
+        self, settings: ServerSettings, server, core: ServingCore, options, lifecycle: Lifecycle, repository, plane
+    ):
         self.settings, self.server, self.core, self.options, self.lifecycle = settings, server, core, options, lifecycle
+        self.plane = plane  # KServe v2's data plane, shared by its gRPC and REST adapters
         self.repository = repository  # the repository extension on the admin port
         self.admin = None
         self.rest = None
@@ -562,7 +573,9 @@ class _Ports:
                 log.error("cannot bind gRPC to unix:%s: %s", settings.grpc_socket_path, e)
                 return False
         try:
-            self.admin = start_admin_server(settings, self.core, self.options, self.repository, self.certificates)
+            self.admin = start_admin_server(
+                settings, self.core, self.options, self.repository, self.certificates, self.plane
+            )
         except (OSError, ValueError) as e:
             log.error("%s", e)
             return False
@@ -588,7 +601,7 @@ class _Ports:
                 prometheus_path=settings.prometheus_rest_path,
                 cors=settings.rest_api_enable_cors_support,
                 batching=settings.enable_batching,
-                routes=(kserve_rest.add_routes, tfserving_rest.add_routes),
+                routes=(functools.partial(kserve_rest.add_routes, plane=self.plane), tfserving_rest.add_routes),
             )
             try:
                 await self.rest.start()

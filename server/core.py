@@ -21,10 +21,7 @@ from servex.executor import GraphExecutor, RunHandler, client_graph_key
 from servex.executor.run_handler import Ticket
 from servex.loader.errors import FailedPrecondition, InvalidArgument, ServingError
 from servex.loader.manager import ModelManager, ServedVersion
-from servex.loader.saved_model import Signature, TensorSpec, shape_matches, shape_text
-from servex.server.protocols.kserve.shared_memory import SharedMemoryRegistry
-from servex.server.protocols.kserve.v2_settings import LogSettings
-from servex.server.transport.tensors import dtype_name
+from servex.loader.saved_model import Signature, TensorSpec, dtype_name, shape_matches, shape_text
 
 DEFAULT_SIGNATURE = "serving_default"
 MAX_GRAPH_LABELS = 64  # distinct graph-name metric labels per model
@@ -130,17 +127,13 @@ class ServingCore:
         self.manager = manager
         self.run_handler = run_handler
         self.pin_signature_graphs = pin_signature_graphs
-        # Triton's system shared memory regions, every protocol's; an input read from one is a decoded input
-        # tensor, bounded by --max_message_bytes as any other.
-        self.shared_memory = SharedMemoryRegistry(max_read_bytes=max_tensor_bytes)
+        # The most bytes one decoded input tensor may hold (--max_message_bytes), for adapters that read tensors from
+        # elsewhere than the request (KServe v2's shared memory); None: no bound.
+        self.max_tensor_bytes = max_tensor_bytes
         self._graph_labels: dict[str, set[str]] = {}
         # Set once the models of the start-up config have loaded (or failed): the ports serve before that.
         self.started = False
         self.strict_readiness = False  # ready only while every configured model serves (see ready)
-        # The model repository extension where the inference ports serve it (server/protocols/kserve/repository.py),
-        # else None
-        self.model_repository = None
-        self.log_settings = LogSettings()  # Triton's log settings, every protocol's (the app sets the group size)
 
     def ready(self) -> bool:
         """The server's readiness (KServe v2 ServerReady, /v2/health/ready): the start-up loads are over, as gRPC

@@ -161,12 +161,6 @@ def output_elements(arrays, tensor_content: bool = False) -> int:
     return sum(a.size for a in arrays if not tensor_content or a.dtype.kind in "OSU")
 
 
-def dtype_name(dtype: np.dtype) -> str:
-    """TensorFlow's name for a NumPy dtype (``DT_FLOAT``), or the NumPy name when TensorFlow has none."""
-    enum = _ENUM_OF.get(np.dtype(dtype)) if np.dtype(dtype).kind not in "SU" else types_pb2.DT_STRING
-    return DT.Name(enum) if enum is not None else np.dtype(dtype).name
-
-
 def dtype_enum(dtype: np.dtype) -> int:
     """TensorFlow's DataType for a NumPy dtype (DT_STRING for object, bytes and str arrays)."""
     dtype = np.dtype(dtype)

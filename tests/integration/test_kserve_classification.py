@@ -95,7 +95,7 @@ def test_an_output_without_classes_is_refused(daemon):
         ("shared_memory_region", lambda p: setattr(p, "string_param", "r"), "INVALID_ARGUMENT",
          "output 'probs': a shared memory region needs parameter 'shared_memory_byte_size'"),
         ("shared_memory_region", lambda p: setattr(p, "int64_param", 3), "INVALID_ARGUMENT",
-         "output 'probs': parameter 'shared_memory_region' must be a string_param naming a region"),
+         "output 'probs': parameter 'shared_memory_region' must be a string naming a region"),  # REST's words too
     ],
 )  # fmt: skip
 def test_grpc_bad_output_parameters(daemon, name, set_param, code, words):

@@ -14,6 +14,7 @@ from tritonclient.grpc import InferInput, service_pb2
 from tritonclient.utils import deserialize_bytes_tensor
 
 from servex.loader.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
+from servex.server.protocols.kserve import dataplane_rules as rules
 from servex.server.protocols.kserve import v2_types
 from servex.server.protocols.kserve.shared_memory import SharedMemoryRegistry
 from servex.server.transport import tensors
@@ -64,7 +65,7 @@ def decode(request: Request):
 
 @pytest.mark.parametrize(("text", "version"), [("", None), ("7", 7), ("00123", 123)])
 def test_version_is_latest_or_a_number(text, version):
-    assert v2_types.parse_version(text) == version
+    assert rules.parse_version(text) == version
 
 
 @pytest.mark.parametrize("text", ["abc", "-1", "1.5", " 1", "latest"])
@@ -72,12 +73,17 @@ def test_version_that_is_not_a_number_is_invalid(text):
     # Triton's words first: its grpc_explicit_int8_content_client.py looks for them
     triton_s = f"^failed to get model version from specified version string '{text}': .* is not a version number"
     with pytest.raises(InvalidArgument, match=triton_s):
-        v2_types.parse_version(text)
+        rules.parse_version(text)
+
+
+def priority_parameter(param) -> int:
+    """The gRPC adapter's way: the InferParameter's value, then the data plane's one rule."""
+    return rules.priority(v2_types.parameter_value(param))
 
 
 def test_priority_from_int64_or_uint64_param():
-    assert v2_types.priority_parameter(service_pb2.InferParameter(int64_param=-3)) == -3
-    assert v2_types.priority_parameter(service_pb2.InferParameter(uint64_param=5)) == 5
+    assert priority_parameter(service_pb2.InferParameter(int64_param=-3)) == -3
+    assert priority_parameter(service_pb2.InferParameter(uint64_param=5)) == 5
 
 
 @pytest.mark.parametrize(
@@ -91,12 +97,12 @@ def test_priority_from_int64_or_uint64_param():
 )
 def test_priority_that_is_not_an_integer_is_invalid(param):
     with pytest.raises(InvalidArgument, match="'priority' must be an integer"):
-        v2_types.priority_parameter(param)
+        priority_parameter(param)
 
 
 def test_priority_beyond_int64_is_invalid():
     with pytest.raises(InvalidArgument, match="more than the largest int64"):
-        v2_types.priority_parameter(service_pb2.InferParameter(uint64_param=2**63))
+        priority_parameter(service_pb2.InferParameter(uint64_param=2**63))
 
 
 # -- raw inputs ----------------------------------------------------------------------------------------

@@ -16,8 +16,9 @@ from tensorflow_serving.apis import regression_pb2
 from servex.loader.errors import FailedPrecondition, InvalidArgument
 from servex.loader.saved_model import TensorSpec
 from servex.server.core import RequestInfo
+from servex.server.protocols.kserve import dataplane_rules as rules
 from servex.server.protocols.kserve import rest_api as rest_v2
-from servex.server.protocols.kserve import v2_types
+from servex.server.protocols.kserve import rest_tensors, v2_types
 from servex.server.protocols.kserve.shared_memory import SharedMemoryRegistry
 from servex.server.protocols.tfserving.rest_api import decode_predict, encode_predict, fill_input
 
@@ -166,20 +167,23 @@ def test_parameters_priority_timeout_and_outputs():
             {"name": "c", "parameters": {"binary_data": True}},
         ],
     }
-    request_id, signature, binary, filters, classes, places = rest_v2._parameters(doc, info)
+    request = rest_v2.infer_request("m", "", doc, info)
     # Triton's rule: binary_data_output covers the outputs the request does not name; a named one is JSON unless it
     # asks for binary itself.
-    assert (request_id, signature, binary, filters) == ("r", "", True, {"a": False, "b": False, "c": True})
-    assert classes == {"b": 3} and places == {}
+    binary, filters = request.binary_output, request.binary()
+    assert (request.id, request.signature, binary, filters) == ("r", "", True, {"a": False, "b": False, "c": True})
+    assert request.classes() == {"b": 3} and request.places() == {}
     assert info.priority == 9 and info.deadline is not None
-    with pytest.raises(InvalidArgument, match="priority must be an integer"):
-        rest_v2._parameters({"parameters": {"priority": True}}, RequestInfo())
+    # the data plane's words, the same over gRPC (was "parameters.priority must be an integer" over REST)
+    with pytest.raises(InvalidArgument, match="parameter 'priority' must be an integer"):
+        rest_v2.infer_request("m", "", {"parameters": {"priority": True}}, RequestInfo())
     with pytest.raises(InvalidArgument, match="requested twice"):
-        rest_v2._parameters({"outputs": [{"name": "a"}, {"name": "a"}]}, RequestInfo())
-    with pytest.raises(InvalidArgument, match="output 'a': a shared memory region needs parameters.shared_memory_b"):
-        rest_v2._parameters({"outputs": [{"name": "a", "parameters": {"shared_memory_region": "r"}}]}, RequestInfo())
+        rest_v2.infer_request("m", "", {"outputs": [{"name": "a"}, {"name": "a"}]}, RequestInfo())
+    # the data plane's words (was "needs parameters.shared_memory_byte_size" over REST)
+    with pytest.raises(InvalidArgument, match="output 'a': a shared memory region needs parameter 'shared_memory_b"):
+        rest_v2.infer_request("m", "", {"outputs": [{"name": "a", "parameters": {"shared_memory_region": "r"}}]})
     shared = {"shared_memory_region": "r", "shared_memory_byte_size": 64, "shared_memory_offset": 8}
-    assert rest_v2._parameters({"outputs": [{"name": "a", "parameters": shared}]}, RequestInfo())[5] == {
+    assert rest_v2.infer_request("m", "", {"outputs": [{"name": "a", "parameters": shared}]}).places() == {
         "a": ("r", 8, 64)
     }
 
@@ -193,7 +197,7 @@ def test_classified_outputs_are_the_top_classes_per_row():
     with pytest.raises(InvalidArgument, match="cannot be classified: it is float64 of shape"):
         v2_types.classified({"s": np.ones((1, 2, 3))}, {"s": 1})
     with pytest.raises(InvalidArgument, match="ask for at least 1 class"):
-        v2_types.classification_count(0, "p")
+        rules.classification_count(0, "p")
 
 
 def test_outputs_json_and_binary():
@@ -227,8 +231,8 @@ def test_versions_of_thousands_of_digits_are_refused_not_converted():
     for text in (digits, "9223372036854775808", "\u00b9"):
         request = make_mocked_request("GET", "/v2/models/m/versions/x", match_info={"version": text})
         with pytest.raises(InvalidArgument, match="is not a version number"):
-            rest_v2._version(request)
-    assert rest_v2._version(make_mocked_request("GET", "/", match_info={"version": "0042"})) == 42
+            rules.parse_version(rest_v2._version(request))  # the data plane parses what REST's path holds
+    assert rules.parse_version(rest_v2._version(make_mocked_request("GET", "/", match_info={"version": "0042"}))) == 42
 
 
 def test_strings_nested_deeper_than_a_tensor_can_be():
@@ -265,6 +269,6 @@ def test_inputs_read_from_shared_memory_count_toward_decoding_off_the_loop():
     # A few hundred bytes of JSON can name a region of hundreds of MiB, copied when decoded: those bytes count.
     region = {"shared_memory_region": "r", "shared_memory_byte_size": 256 << 20}
     doc = {"inputs": [{"name": "a", "parameters": region}, {"name": "b", "data": [1]}, "odd", {"parameters": 3}]}
-    assert rest_v2._shared_bytes(doc) == 256 << 20
-    assert rest_v2._shared_bytes({"inputs": [{"parameters": {"shared_memory_region": "r"}}]}) == 0
-    assert rest_v2._shared_bytes([]) == 0
+    assert rest_tensors.shared_bytes(doc) == 256 << 20
+    assert rest_tensors.shared_bytes({"inputs": [{"parameters": {"shared_memory_region": "r"}}]}) == 0
+    assert rest_tensors.shared_bytes([]) == 0

@@ -16,6 +16,7 @@ import tensorflow as tf
 from tensorflow.core.framework import tensor_pb2, types_pb2
 
 from servex.loader.errors import InvalidArgument
+from servex.loader.saved_model import dtype_name
 from servex.server.transport import tensors
 
 NAME = "images_in"  # input alias passed to to_ndarray; every error message must name it
@@ -430,17 +431,17 @@ def test_round_trip(dtype, shape, tensor_content):
 @pytest.mark.parametrize("dtype", NUMERIC, ids=_id)
 def test_dtype_name_numeric(dtype):
     expected = types_pb2.DataType.Name(_enum(dtype))
-    assert tensors.dtype_name(dtype) == expected
-    assert tensors.dtype_name(dtype.type) == expected  # a scalar type works as well as a dtype
+    assert dtype_name(dtype) == expected
+    assert dtype_name(dtype.type) == expected  # a scalar type works as well as a dtype
 
 
 def test_dtype_name_literals():
-    assert tensors.dtype_name(np.dtype(np.float32)) == "DT_FLOAT"
-    assert tensors.dtype_name(np.dtype(np.float64)) == "DT_DOUBLE"
-    assert tensors.dtype_name(np.dtype(np.int64)) == "DT_INT64"
-    assert tensors.dtype_name(np.dtype(np.float16)) == "DT_HALF"
-    assert tensors.dtype_name(BF16) == "DT_BFLOAT16"
-    assert tensors.dtype_name(np.dtype(np.bool_)) == "DT_BOOL"
+    assert dtype_name(np.dtype(np.float32)) == "DT_FLOAT"
+    assert dtype_name(np.dtype(np.float64)) == "DT_DOUBLE"
+    assert dtype_name(np.dtype(np.int64)) == "DT_INT64"
+    assert dtype_name(np.dtype(np.float16)) == "DT_HALF"
+    assert dtype_name(BF16) == "DT_BFLOAT16"
+    assert dtype_name(np.dtype(np.bool_)) == "DT_BOOL"
 
 
 @pytest.mark.parametrize(
@@ -449,9 +450,9 @@ def test_dtype_name_literals():
     ids=str,
 )
 def test_dtype_name_strings(dtype):
-    assert tensors.dtype_name(np.dtype(dtype)) == "DT_STRING"
+    assert dtype_name(np.dtype(dtype)) == "DT_STRING"
 
 
 @pytest.mark.parametrize("dtype", ["datetime64[s]", "timedelta64[ns]", "V8"])
 def test_dtype_name_without_tensorflow_equivalent(dtype):
-    assert tensors.dtype_name(np.dtype(dtype)) == np.dtype(dtype).name
+    assert dtype_name(np.dtype(dtype)) == np.dtype(dtype).name

@@ -1,14 +1,14 @@
 """The KServe v2 / Open Inference Protocol gRPC API (`inference.GRPCInferenceService`, what tritonclient.grpc
-calls) over the ServingCore.
+calls): an adapter over the KServe data plane (server/protocols/kserve/dataplane.py).
 
-Thin: decode the request with `server/protocols/kserve/v2_types.py`, call the core, encode the answer. A v2 model is a
-servex
-model; its tensors are the `serving_default` signature's input and output aliases. Triton's ModelConfig and
-ModelStatistics are answered from what is served (server/protocols/kserve/v2_config.py,
-server/protocols/kserve/v2_stats.py). `KServeService` serves the
-inference methods on the main port; `RepositoryService` serves the model repository extension on the admin port
-(load: add the model to the served config; unload: take it out), with the read-only ModelReady, ModelMetadata and
-ModelConfig that a client asks after a load, and the main port answers the repository methods UNIMPLEMENTED.
+Thin: turn the message into the data plane's request (``InferParameter`` oneofs into plain values; tensors decoded
+with server/protocols/kserve/v2_types.py: raw_input_contents, typed contents, shared memory), call the data plane,
+encode its answer. What is gRPC's own stays here: raw_output_contents, ModelStreamInfer's streaming, and the ports.
+`KServeService` serves the inference methods on the main port; `RepositoryService` serves the model repository
+extension on the admin port (load: add the model to the served config; unload: take it out), with the read-only
+ModelReady, ModelMetadata and ModelConfig that a client asks after a load, and the main port answers the repository
+methods UNIMPLEMENTED (unless the data plane serves the extension there: explicit model control of a Triton model
+repository).
 
 Kept out of `server.app`'s module-level imports: the generated `inference.*` messages share their full names with
 tritonclient's, and one process cannot hold both (the tests import tritonclient).
@@ -17,24 +17,27 @@ tritonclient's, and one process cannot hold both (the tests import tritonclient)
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
-from importlib import metadata
 
 import grpc
 from google.protobuf import json_format
 
 from servex.loader.errors import InvalidArgument, ServingError, Unimplemented
-from servex.loader.manager import AVAILABLE
 from servex.protos.inference import grpc_service_pb2 as pb
 from servex.protos.inference import grpc_service_pb2_grpc as pb_grpc
 from servex.protos.inference import model_config_pb2
-from servex.server.core import DEFAULT_SIGNATURE, REQUEST, RequestInfo, ServingCore, checked_priority
-from servex.server.protocols.kserve import v2_config, v2_settings, v2_stats, v2_types
-from servex.server.protocols.kserve.repository import BASE_PATH, ModelRepository
-from servex.server.protocols.kserve.shared_memory import NO_CUDA_MEMORY
-from servex.server.protocols.kserve.v2_config import PLATFORM
+from servex.server.core import REQUEST, RequestInfo
+from servex.server.protocols.kserve import v2_types
+from servex.server.protocols.kserve.dataplane import (
+    ADMIN_EXTENSIONS,
+    DataPlane,
+    repository_index,
+    repository_load,
+    repository_unload,
+)
+from servex.server.protocols.kserve.dataplane_rules import ModelMetadata
+from servex.server.protocols.kserve.repository import ModelRepository
 from servex.server.transport import tensors
 from servex.server.transport.rpc import (
     Malformed,
@@ -51,11 +54,6 @@ from servex.server.transport.rpc import (
 log = logging.getLogger(__name__)
 
 SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
-# What ServerMetadata lists on the admin port: the model repository extension, the one it serves (the main port's:
-# v2_types.EXTENSIONS).
-ADMIN_EXTENSIONS = ("model_repository",)
-PRIORITY = "priority"
-TIMEOUT = "timeout"
 FINAL_RESPONSE = "triton_final_response"  # a stream answer's parameter: the request's last answer
 # Requests of one ModelStreamInfer stream running at once; beyond, the stream's next request is read once the
 # oldest one's answer is sent. As many as the callers a batch serves (max_batch_size's default).
@@ -63,28 +61,25 @@ STREAM_WINDOW = 32
 GRPC_ERROR_METADATA = "triton_grpc_error"  # "true": a stream's first error ends it with its gRPC status
 
 
-@functools.cache
-def _server_version() -> str:
-    try:
-        return metadata.version("servex")
-    except metadata.PackageNotFoundError:
-        return "unknown"
+def metadata_response(answer: ModelMetadata) -> pb.ModelMetadataResponse:
+    def tensor(t) -> pb.ModelMetadataResponse.TensorMetadata:
+        return pb.ModelMetadataResponse.TensorMetadata(name=t.name, datatype=t.datatype, shape=t.shape)
 
-
-def _tensor_metadata(name: str, spec) -> pb.ModelMetadataResponse.TensorMetadata:
-    try:
-        datatype = v2_types.datatype(spec.dtype)
-    except ValueError:  # e.g. complex: no v2 datatype; say what it is
-        datatype = spec.describe().split()[0]
-    shape = [-1] if spec.shape is None else [-1 if d is None else d for d in spec.shape]
-    return pb.ModelMetadataResponse.TensorMetadata(name=name, datatype=datatype, shape=shape)
+    return pb.ModelMetadataResponse(
+        name=answer.name,
+        versions=answer.versions,
+        platform=answer.platform,
+        inputs=[tensor(t) for t in answer.inputs],
+        outputs=[tensor(t) for t in answer.outputs],
+    )
 
 
 class _ServerCalls:
     """What a Triton client asks first, on either port: live, ready, and the extensions that port serves
-    (``extensions``). Needs ``self.core``."""
+    (``extensions``: None, the data plane's). Needs ``self.plane``."""
 
-    extensions: tuple[str, ...] = ()
+    extensions: tuple[str, ...] | None = None
+    plane: DataPlane
 
     @rpc
     async def ServerLive(self, request, context):
@@ -92,70 +87,43 @@ class _ServerCalls:
 
     @rpc
     async def ServerReady(self, request, context):
-        return pb.ServerReadyResponse(ready=self.core.ready())
+        return pb.ServerReadyResponse(ready=self.plane.server_ready())
 
     @rpc
     async def ServerMetadata(self, request, context):
-        return pb.ServerMetadataResponse(name="servex", version=_server_version(), extensions=self.extensions)
+        meta = self.plane.server_metadata(self.extensions)
+        return pb.ServerMetadataResponse(name=meta.name, version=meta.version, extensions=meta.extensions)
 
 
 class _ModelCalls:
     """What a Triton client asks about a model, on either port: ready, metadata and config (read-only; on the admin
-    port too, where a client that loads a model asks next whether it is ready). Needs ``self.core``."""
+    port too, where a client that loads a model asks next whether it is ready). Needs ``self.plane``."""
+
+    plane: DataPlane
 
     @rpc
     async def ModelReady(self, request, context):
-        version = v2_types.parse_version(request.version)
-        if not request.name:  # no such model: not ready, as Triton answers it
-            return pb.ModelReadyResponse(ready=False)
-        try:
-            self.core.resolve(request.name, version)
-        except ServingError:  # unknown, loading, failed: not ready
-            return pb.ModelReadyResponse(ready=False)
-        return pb.ModelReadyResponse(ready=True)
+        return pb.ModelReadyResponse(ready=self.plane.model_ready(request.name, request.version).ready)
 
     @rpc
     async def ModelMetadata(self, request, context):
-        version = v2_types.parse_version(request.version)
-        if not request.name:
-            raise InvalidArgument("name is empty: name the model to ask about")
-        served = self.core.resolve(request.name, version)
-        # A model without serving_default serves all the same (ModelReady says so): no inputs or outputs to list.
-        sig = served.servable.model.signatures.get(DEFAULT_SIGNATURE)
-        available = [sv.version for sv in self.core.manager.statuses(served.name) if sv.state == AVAILABLE]
-        return pb.ModelMetadataResponse(
-            name=served.name,
-            versions=[str(v) for v in available],
-            platform=PLATFORM,
-            inputs=[_tensor_metadata(alias, spec) for alias, spec in sorted(sig.inputs.items())] if sig else [],
-            outputs=[_tensor_metadata(alias, sig.outputs[alias]) for alias in sig.output_aliases] if sig else [],
-        )
+        return metadata_response(self.plane.model_metadata(request.name, request.version))
 
     @rpc
     async def ModelConfig(self, request, context):
-        if not request.name:
-            raise InvalidArgument("name is empty: name the model to ask about")
-        config = v2_config.model_config(self.core, request.name, v2_types.parse_version(request.version))
+        config = self.plane.model_config(request.name, request.version)
         return pb.ModelConfigResponse(config=json_format.ParseDict(config, model_config_pb2.ModelConfig()))
 
 
 class KServeService(_ServerCalls, _ModelCalls, pb_grpc.GRPCInferenceServiceServicer):
-    extensions = v2_types.EXTENSIONS
-
-    def __init__(
-        self, core: ServingCore, max_tensor_bytes: int | None = None, repository: ModelRepository | None = None
-    ):
-        self.core = core
+    def __init__(self, plane: DataPlane, max_tensor_bytes: int | None = None):
+        self.plane = plane
+        self.core = plane.core
         self.max_tensor_bytes = max_tensor_bytes  # --max_message_bytes: no answer larger is sent
-        # The model repository extension, here only in explicit model control of a Triton model repository (as
-        # Triton serves it); else on the admin port.
-        self.repository = repository
-        if repository is not None:
-            self.extensions = (*v2_types.EXTENSIONS, *ADMIN_EXTENSIONS)
 
     @rpc
     async def ModelStatistics(self, request, context):
-        stats = v2_stats.model_statistics(self.core, request.name, v2_types.parse_version(request.version))
+        stats = self.plane.model_statistics(request.name, request.version)
         return json_format.ParseDict(stats, pb.ModelStatisticsResponse())
 
     @rpc
@@ -163,21 +131,12 @@ class KServeService(_ServerCalls, _ModelCalls, pb_grpc.GRPCInferenceServiceServi
         return await self._infer(request)
 
     async def _infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
-        version = v2_types.parse_version(request.model_version)
-        if not request.model_name:
-            raise InvalidArgument("model_name is empty: name the model to call")
+        plane = self.plane
         info = REQUEST.get()
-        params = request.parameters
-        if params:  # none, usually
-            if PRIORITY in params:  # wins over x-servex-priority metadata
-                info.priority = checked_priority(v2_types.priority_parameter(params[PRIORITY]), "parameter 'priority'")
-            if TIMEOUT in params:  # microseconds the request may wait to run (Triton's); 0: none
-                micros = v2_types.integer_parameter(params[TIMEOUT], TIMEOUT, "microseconds")
-                if micros > 0:  # shortens the call's own deadline, never lengthens it
-                    deadline = time.monotonic() + micros / 1e6
-                    info.deadline = deadline if info.deadline is None else min(info.deadline, deadline)
+        parameters, outputs = v2_types.infer_fields(request)
+        call = plane.infer_request(request.model_name, request.model_version, request.id, parameters, outputs, info)
         started = time.perf_counter()
-        shared = self.core.shared_memory
+        shared = plane.shared_memory
         decode = v2_types.decode_infer_inputs
         # Raw fixed-size inputs are arrays over the request's bytes (cost 0); typed contents, BYTES and shared
         # memory are walked or copied: large ones decode off the event loop.
@@ -185,25 +144,17 @@ class KServeService(_ServerCalls, _ModelCalls, pb_grpc.GRPCInferenceServiceServi
         cost = v2_types.decode_cost(tensors_in, len(raw_in))
         model = request.model_name
         if cost < tensors.OFF_LOOP_ELEMENTS:  # the hot path: no coroutine of off_loop's
-            inputs, _ = decode(tensors_in, raw_in, shared, model)
+            call.inputs, _ = decode(tensors_in, raw_in, shared, model)
         else:  # a large decode: a model that is not served is answered before anything is copied
-            self.core.resolve(model, version)
-            inputs, _ = await tensors.off_loop(cost, decode, tensors_in, raw_in, shared, model)
+            self.core.resolve(model, call.version)
+            call.inputs, _ = await tensors.off_loop(cost, decode, tensors_in, raw_in, shared, model)
         info.compute_input = time.perf_counter() - started
-        requested, classes, places = [], {}, {}
-        for out in request.outputs:
-            if v2_types.SHARED_MEMORY_REGION in out.parameters:
-                places[out.name] = v2_types.shared_memory_place(out.parameters, f"output {out.name!r}")
-            if v2_types.CLASSIFICATION in out.parameters:
-                count = v2_types.integer_parameter(out.parameters[v2_types.CLASSIFICATION], "classification", "top N")
-                classes[out.name] = v2_types.classification_count(count, out.name)
-            requested.append(out.name)
-        result = await self.core.predict(request.model_name, version, "", "", inputs, requested, "outputs")
+        answer = await plane.infer(call)
         started = time.perf_counter()
-        response = pb.ModelInferResponse(model_name=result.model_name, model_version=str(result.version))
-        if request.id:
-            response.id = request.id
-        outputs = v2_types.classified(result.outputs, classes)
+        response = pb.ModelInferResponse(model_name=answer.model_name, model_version=answer.model_version)
+        if answer.id:
+            response.id = answer.id
+        outputs, places = answer.outputs, call.places()
         info.answer_bytes = tensors.answer_bound(outputs.values())
         # Always in raw_output_contents, whatever the request sent, as Triton answers: clients (Triton's own
         # grpc_explicit_*_content examples) read raw_output_contents[i] even after sending typed contents.
@@ -303,33 +254,33 @@ class KServeService(_ServerCalls, _ModelCalls, pb_grpc.GRPCInferenceServiceServi
     @rpc
     async def SystemSharedMemoryStatus(self, request, context):
         answer = pb.SystemSharedMemoryStatusResponse()
-        for region in self.core.shared_memory.status(request.name):
+        for region in self.plane.shared_memory_status(request.name):
             answer.regions[region["name"]].CopyFrom(pb.SystemSharedMemoryStatusResponse.RegionStatus(**region))
         return answer
 
     @rpc
     async def SystemSharedMemoryRegister(self, request, context):
-        self.core.shared_memory.register(request.name, request.key, request.offset, request.byte_size)
+        self.plane.register_shared_memory(request.name, request.key, request.offset, request.byte_size)
         return pb.SystemSharedMemoryRegisterResponse()
 
     @rpc
     async def SystemSharedMemoryUnregister(self, request, context):
-        self.core.shared_memory.unregister(request.name)
+        self.plane.unregister_shared_memory(request.name)
         return pb.SystemSharedMemoryUnregisterResponse()
 
-    # CUDA shared memory: registering is UNIMPLEMENTED, so there is never a region to list or unregister; status and
-    # unregister answer as a Triton without GPUs does (Triton's examples unregister all CUDA regions first).
     @rpc
     async def CudaSharedMemoryStatus(self, request, context):
-        self.core.shared_memory.cuda_status(request.name)  # empty, or NOT_FOUND for a named region
+        self.plane.cuda_shared_memory_status(request.name)  # empty, or NOT_FOUND for a named region
         return pb.CudaSharedMemoryStatusResponse()
 
     @rpc
     async def CudaSharedMemoryRegister(self, request, context):
-        raise _no_cuda_memory()
+        self.plane.register_cuda_shared_memory()
+        return pb.CudaSharedMemoryRegisterResponse()
 
     @rpc
     async def CudaSharedMemoryUnregister(self, request, context):
+        self.plane.unregister_cuda_shared_memory(request.name)
         return pb.CudaSharedMemoryUnregisterResponse()
 
     @rpc
@@ -341,7 +292,7 @@ class KServeService(_ServerCalls, _ModelCalls, pb_grpc.GRPCInferenceServiceServi
                 raise InvalidArgument(f"log setting {key!r} has no value: set bool_param, uint32_param or string_param")
             changes[key] = getattr(value, choice)
         response = pb.LogSettingsResponse()
-        for key, value in self.core.log_settings.update(changes).items():
+        for key, value in self.plane.update_log_settings(changes).items():
             field = {bool: "bool_param", int: "uint32_param", str: "string_param"}[type(value)]
             setattr(response.settings[key], field, value)
         return response
@@ -350,36 +301,30 @@ class KServeService(_ServerCalls, _ModelCalls, pb_grpc.GRPCInferenceServiceServi
     async def TraceSetting(self, request, context):
         changes = {key: list(value.value) for key, value in request.settings.items()}
         response = pb.TraceSettingResponse()
-        for key, values in v2_settings.trace_settings(self.core, request.model_name, changes).items():
+        for key, values in self.plane.trace_settings(request.model_name, changes).items():
             response.settings[key].value.extend(values)
         return response
 
     # The repository extension lives on the admin port (unless a Triton repository's explicit model control puts it
     # here too); else this says where to find it.
+    def _repository(self, method: str, context) -> ModelRepository:
+        repository = self.plane.repository
+        if repository is None:
+            raise _admin_only(method)
+        repository.check_access("grpc", context.invocation_metadata() or ())
+        return repository
+
     @rpc
     async def RepositoryIndex(self, request, context):
-        if self.repository is None:
-            raise _admin_only("RepositoryIndex")
-        self.repository.check_access("grpc", context.invocation_metadata() or ())
-        return await repository_index(self.repository, request)
+        return await index_response(self._repository("RepositoryIndex", context), request)
 
     @rpc
     async def RepositoryModelLoad(self, request, context):
-        if self.repository is None:
-            raise _admin_only("RepositoryModelLoad")
-        self.repository.check_access("grpc", context.invocation_metadata() or ())
-        return await repository_load(self.repository, request)
+        return await load_response(self._repository("RepositoryModelLoad", context), request)
 
     @rpc
     async def RepositoryModelUnload(self, request, context):
-        if self.repository is None:
-            raise _admin_only("RepositoryModelUnload")
-        self.repository.check_access("grpc", context.invocation_metadata() or ())
-        return await repository_unload(self.repository, request)
-
-
-def _no_cuda_memory() -> Unimplemented:
-    return Unimplemented(NO_CUDA_MEMORY)
+        return await unload_response(self._repository("RepositoryModelUnload", context), request)
 
 
 def _admin_only(method: str) -> Unimplemented:
@@ -388,13 +333,13 @@ def _admin_only(method: str) -> Unimplemented:
 
 class RepositoryService(_ServerCalls, _ModelCalls, pb_grpc.GRPCInferenceServiceServicer):
     """The model repository extension (server/protocols/kserve/repository.py) over gRPC on the admin port, with the
-    read-only
-    calls a client makes after a load."""
+    read-only calls a client makes after a load."""
 
     extensions = ADMIN_EXTENSIONS
 
-    def __init__(self, core: ServingCore, repository: ModelRepository):
-        self.core = core
+    def __init__(self, plane: DataPlane, repository: ModelRepository):
+        self.plane = plane
+        self.core = plane.core
         self.repository = repository
 
     async def ModelStreamInfer(self, request_iterator, context):
@@ -402,44 +347,32 @@ class RepositoryService(_ServerCalls, _ModelCalls, pb_grpc.GRPCInferenceServiceS
 
     @rpc
     async def RepositoryIndex(self, request, context):
-        return await repository_index(self.repository, request)
+        return await index_response(self.repository, request)
 
     @rpc
     async def RepositoryModelLoad(self, request, context):
-        return await repository_load(self.repository, request)
+        return await load_response(self.repository, request)
 
     @rpc
     async def RepositoryModelUnload(self, request, context):
-        return await repository_unload(self.repository, request)
+        return await unload_response(self.repository, request)
 
 
-async def repository_index(repository: ModelRepository, request) -> pb.RepositoryIndexResponse:
-    repository.check_name(request.repository_name)
+async def index_response(repository: ModelRepository, request) -> pb.RepositoryIndexResponse:
     response = pb.RepositoryIndexResponse()
-    for entry in await repository.index(request.ready):
+    for entry in await repository_index(repository, request.repository_name, request.ready):
         response.models.add(**entry)
     return response
 
 
-async def repository_load(repository: ModelRepository, request) -> pb.RepositoryModelLoadResponse:
-    repository.check_name(request.repository_name)
-    name = request.model_name
-    repository.check(name, "load")
-    repository.check_parameters(name, request.parameters)
-    base_path = None
-    if BASE_PATH in request.parameters:
-        param = request.parameters[BASE_PATH]
-        if param.WhichOneof("parameter_choice") != "string_param" or not param.string_param:
-            raise InvalidArgument(f"failed to load {name!r}: parameter {BASE_PATH!r} must be a string_param naming a "
-                                  f"folder")  # fmt: skip
-        base_path = param.string_param
-    await repository.load(name, base_path)
+async def load_response(repository: ModelRepository, request) -> pb.RepositoryModelLoadResponse:
+    parameters = v2_types.parameter_values(request.parameters)
+    await repository_load(repository, request.repository_name, request.model_name, parameters)
     return pb.RepositoryModelLoadResponse()
 
 
-async def repository_unload(repository: ModelRepository, request) -> pb.RepositoryModelUnloadResponse:
-    repository.check_name(request.repository_name)
-    await repository.unload(request.model_name)
+async def unload_response(repository: ModelRepository, request) -> pb.RepositoryModelUnloadResponse:
+    await repository_unload(repository, request.repository_name, request.model_name)
     return pb.RepositoryModelUnloadResponse()
 
 
@@ -464,11 +397,9 @@ for _method in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
         setattr(RepositoryService, _method.name, _refuse_on_the_admin_port(_method.name))
 
 
-def add_to_server(
-    core: ServingCore, server, max_tensor_bytes: int | None = None, repository: ModelRepository | None = None
-) -> None:
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(KServeService(core, max_tensor_bytes, repository), server)
+def add_to_server(plane: DataPlane, server, max_tensor_bytes: int | None = None) -> None:
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(KServeService(plane, max_tensor_bytes), server)
 
 
-def add_repository_to_server(core: ServingCore, repository: ModelRepository, server) -> None:
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(RepositoryService(core, repository), server)
+def add_repository_to_server(plane: DataPlane, repository: ModelRepository, server) -> None:
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(RepositoryService(plane, repository), server)

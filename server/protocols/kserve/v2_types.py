@@ -9,7 +9,6 @@ TensorFlow string tensors take).
 from __future__ import annotations
 
 import math
-import re
 import struct
 import sys
 
@@ -17,6 +16,7 @@ import ml_dtypes
 import numpy as np
 
 from servex.loader.errors import FailedPrecondition, InvalidArgument
+from servex.server.protocols.kserve.dataplane_rules import SHARED_MEMORY_REGION, place
 from servex.server.transport.tensors import MAX_DIMS, check_shape, extend_in_chunks
 
 BYTES = "BYTES"
@@ -73,6 +73,17 @@ def datatype(dtype: np.dtype) -> str:
     if name is None:
         raise ValueError(f"NumPy dtype {dtype.name} has no KServe v2 datatype")
     return name
+
+
+def carried_datatype(output: str, dtype: np.dtype) -> str:
+    """An output's v2 datatype; FAILED_PRECONDITION for a dtype v2 cannot carry (complex, ...)."""
+    try:
+        return datatype(dtype)
+    except ValueError:
+        raise FailedPrecondition(
+            f"output {output!r} has dtype {np.dtype(dtype).name}, which the KServe v2 protocol cannot carry "
+            f"(use TensorFlow Serving's REST or gRPC Predict for it)"
+        ) from None
 
 
 def element_count(shape, tensor: str) -> int:
@@ -173,51 +184,25 @@ _FIELD_DTYPES: dict[str, np.dtype] = {
     "fp32_contents": np.dtype(np.float32),
     "fp64_contents": np.dtype(np.float64),
 }
-_VERSION = re.compile(r"[0-9]+")
-_INT64_MAX = 2**63 - 1
 
 
-def parse_version(text: str) -> int | None:
-    """A v2 ``model_version``: "" is the latest (None), else a version number; INVALID_ARGUMENT otherwise."""
-    if not text:
-        return None
-    if not _VERSION.fullmatch(text):
-        # Triton's words first: its own client examples look for them
-        raise InvalidArgument(
-            f"failed to get model version from specified version string {text!r}: model version {text!r} is not a "
-            f'version number; send "" for the latest or e.g. "1"'
-        )
-    return int(text)
-
-
-def integer_parameter(param, name: str, meaning: str) -> int:
-    """An InferParameter that must be an integer: int64_param, or uint64_param (what tritonclient sends for some)."""
+def parameter_value(param):
+    """An InferParameter's value as a plain Python value (what REST's JSON gives): bool, int, float or str; None
+    when it holds none. The data plane checks it (server/protocols/kserve/dataplane_rules.py)."""
     kind = param.WhichOneof("parameter_choice")
-    if kind not in ("int64_param", "uint64_param"):
-        raise InvalidArgument(
-            f"parameter {name!r} must be an integer (int64_param or uint64_param; {meaning}), got {kind}"
-        )
-    value = getattr(param, kind)
-    if value > _INT64_MAX:
-        raise InvalidArgument(f"parameter {name!r} is {value}, more than the largest int64 {_INT64_MAX}")
-    return value
+    return None if kind is None else getattr(param, kind)
 
 
-def priority_parameter(param) -> int:
-    """The ``priority`` InferParameter as servex's priority (larger runs first). int64_param, or uint64_param
-    (what tritonclient's ``priority=`` argument sends), with the same meaning."""
-    return integer_parameter(param, "priority", "larger runs first")
+def parameter_values(parameters) -> dict:
+    """A message's ``parameters`` map (name -> InferParameter) as plain Python values."""
+    return {key: parameter_value(param) for key, param in parameters.items()}
 
 
-CLASSIFICATION = "classification"  # an output's parameter: Triton's classification extension
-
-
-def classification_count(value: int, output: str) -> int:
-    if value < 1:
-        raise InvalidArgument(
-            f"output {output!r}: parameter 'classification' is {value}; ask for at least 1 class (the top N)"
-        )
-    return value
+def infer_fields(request) -> tuple[dict, list[tuple[str, dict]]]:
+    """A ModelInferRequest's parameters and requested outputs (name, parameters) as plain Python values: what the
+    data plane's ``infer_request`` takes, as REST's JSON gives them."""
+    parameters = parameter_values(request.parameters) if request.parameters else {}
+    return parameters, [(out.name, parameter_values(out.parameters)) for out in request.outputs]
 
 
 def classified(outputs: dict[str, np.ndarray], counts: dict[str, int]) -> dict[str, np.ndarray]:
@@ -282,22 +267,9 @@ def from_contents(contents, datatype_: str, shape, tensor: str) -> np.ndarray:
     return flat.reshape(shape)
 
 
-SHARED_MEMORY_REGION = "shared_memory_region"
-
-
-def shared_memory_place(parameters, tensor: str) -> tuple[str, int, int]:
-    """An input's or output's place in shared memory from its InferParameters: the region's name, the offset in
-    it (``shared_memory_offset``, default 0) and the byte size (``shared_memory_byte_size``)."""
-    region = parameters[SHARED_MEMORY_REGION]
-    if region.WhichOneof("parameter_choice") != "string_param":
-        raise InvalidArgument(f"{tensor}: parameter {SHARED_MEMORY_REGION!r} must be a string_param naming a region")
-    if "shared_memory_byte_size" not in parameters:
-        raise InvalidArgument(f"{tensor}: a shared memory region needs parameter 'shared_memory_byte_size'")
-    size = integer_parameter(parameters["shared_memory_byte_size"], "shared_memory_byte_size", "bytes")
-    offset = 0
-    if "shared_memory_offset" in parameters:
-        offset = integer_parameter(parameters["shared_memory_offset"], "shared_memory_offset", "bytes")
-    return region.string_param, offset, size
+def shared_memory_place(parameters, tensor: str):
+    """An input's or output's place in shared memory from its InferParameters (the data plane's rule)."""
+    return place(parameter_values(parameters), tensor)
 
 
 def _typed_count(tensor) -> int:
@@ -408,15 +380,7 @@ def fill_infer_outputs(response, outputs: dict[str, np.ndarray], raw: bool, shar
     region, offset, byte size) are written there (``shared``, a SharedMemoryRegistry) and answered without data.
     FAILED_PRECONDITION for an output v2 cannot carry."""
     places = places or {}
-    datatypes = {}
-    for name, array in outputs.items():
-        try:
-            datatypes[name] = datatype(array.dtype)
-        except ValueError:
-            raise FailedPrecondition(
-                f"output {name!r} has dtype {array.dtype.name}, which the KServe v2 protocol cannot carry "
-                f"(use TensorFlow Serving's Predict for it)"
-            ) from None
+    datatypes = {name: carried_datatype(name, array.dtype) for name, array in outputs.items()}
     raw = raw or any(d not in CONTENTS_FIELDS for d in datatypes.values())
     for name, array in outputs.items():
         out = response.outputs.add()

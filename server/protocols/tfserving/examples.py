@@ -37,11 +37,10 @@ from tensorflow.core.framework import types_pb2
 from tensorflow_serving.apis import classification_pb2, inference_pb2, input_pb2, regression_pb2
 
 from servex.loader.errors import InvalidArgument, ServingError, Unimplemented
-from servex.loader.saved_model import Signature
+from servex.loader.saved_model import Signature, dtype_name
 from servex.server.core import DEFAULT_SIGNATURE, ServingCore
 from servex.server.transport import tensors
 from servex.server.transport.rpc import spec_version
-from servex.server.transport.tensors import dtype_name
 
 CLASSIFY_METHOD = "tensorflow/serving/classify"
 REGRESS_METHOD = "tensorflow/serving/regress"
