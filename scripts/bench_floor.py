@@ -100,9 +100,10 @@ def in_process(model_dir: str, rounds: int = 7, requests: int = 19_200) -> None:
 
     from servex.executor.run_handler import BatchingOptions, RunHandler
     from servex.protos.inference import grpc_service_pb2 as pb
-    from servex.server.app import Lifecycle, initial_specs, make_manager
+    from servex.server.app import make_manager
     from servex.server.config.settings import ServerSettings
     from servex.server.core import ServingCore
+    from servex.server.lifecycle import Lifecycle, initial_specs
     from servex.server.protocols.kserve import grpc_api as kserve
 
     class Context:  # what the rpc wrapper reads of a call: no metadata, no deadline

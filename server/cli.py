@@ -47,6 +47,7 @@ def parse_settings(argv: list[str] | None = None) -> Parsed:
     derived = {"prefetch_variables": _prefetch_variables(args, fail)}
     derived["admin_port"] = args.admin_port or (8503 if args.admin_token_file else 0)
     _check_bounds(args, derived["admin_port"], fail)
+    _check_ports(args, derived["admin_port"], fail)
     _check_models(args, fail, notes)
     platform, session_config = _session_bundle(args, parser, argv, fail, notes)
     derived.update(_thread_pools(args, session_config))
@@ -78,6 +79,20 @@ def _prefetch_variables(args: argparse.Namespace, fail) -> dict[str, tuple[str, 
             fail(f"--prefetch_variables expects MODEL=VAR[,VAR...], got {item!r}")
         prefetch[model] = prefetch.get(model, ()) + tuple(n for n in names.split(",") if n)
     return prefetch
+
+
+def _check_ports(args: argparse.Namespace, admin_port: int, fail) -> None:
+    """No two of servex's own ports are the same: the second bind would fail at start on servex's own port."""
+    ports = {"--port": args.port, "--rest_api_port": args.rest_api_port, "--metrics_port": args.metrics_port,
+             "--admin_port": admin_port}  # fmt: skip
+    seen: dict[int, str] = {}
+    for flag, port in ports.items():
+        if port and port in seen:
+            fail(
+                f"{flag}={port} is also {seen[port]}'s port: servex would bind port {port} twice; give each of "
+                f"--port, --rest_api_port, --metrics_port and --admin_port its own port (0 turns the last three off)"
+            )
+        seen.setdefault(port, flag)
 
 
 def _check_bounds(args: argparse.Namespace, admin_port: int, fail) -> None:

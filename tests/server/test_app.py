@@ -104,7 +104,7 @@ def test_a_refused_config_file_is_tried_again_at_each_poll(tmp_path):
 
     from servex.loader import ModelManager
     from servex.loader.config import parse_model_config
-    from servex.server.app import Lifecycle
+    from servex.server.lifecycle import Lifecycle
 
     (tmp_path / "a" / "1").mkdir(parents=True)
     config = tmp_path / "models.config"
@@ -137,7 +137,7 @@ def test_overlapping_config_changes_leave_the_specs_served(tmp_path):
     from servex.loader import ModelManager
     from servex.loader.config import ModelSpec, VersionPolicy
     from servex.loader.errors import FailedPrecondition
-    from servex.server.app import Lifecycle
+    from servex.server.lifecycle import Lifecycle
 
     for folder in ("a/1", "a/2", "b/1"):
         (tmp_path / folder).mkdir(parents=True)
