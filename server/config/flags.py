@@ -43,7 +43,7 @@ COMMAND_LINE_FLAGS = (
          "client_verify: PEM text): TLS on the gRPC port and the admin port, client certificates required and "
          "checked against custom_ca with client_verify: true; REST stays plaintext, as in TensorFlow Serving. "
          "Re-read when it changes: new connections get the new certificate", GRPC, default="", tfserving=True,
-         doc="See README's \"TLS\"."),
+         doc="See [TLS on the gRPC port](security.md#tls-on-the-grpc-port)."),
     Flag("ssl_server_cert_file", "instead of --ssl_config_file: PEM file of the server's certificate chain (a "
          "Kubernetes TLS Secret's tls.crt); with --ssl_server_key_file", GRPC, default="",
          doc="Not with `--ssl_config_file` (exit 2)."),
@@ -58,8 +58,8 @@ COMMAND_LINE_FLAGS = (
          doc="With TensorFlow Serving's `:tensorflow:serving:request_count`, `request_latency`, `runtime_latency` "
          "and (with batching on) `batching_session:queuing_latency`, and TensorFlow's "
          "`:tensorflow:cc:saved_model:load_attempt_count` and `load_latency`, made from servex's own at scrape "
-         "time, so that dashboards and alerts written for TensorFlow Serving keep working (see README's \"What it "
-         "serves\")."),
+         "time, so that dashboards and alerts written for TensorFlow Serving keep working (see [TensorFlow "
+         "Serving's metrics](metrics.md#tensorflow-servings-metrics))."),
     Flag("log_level", "Python logging level", PROCESS, default="INFO"),
     Flag("version", "print servex's and TensorFlow's versions and exit", PROCESS, type=None, default=False,
          tfserving=True),

@@ -385,7 +385,7 @@ class ServerSettings:
         GRPC,
         "gRPC listeners sharing --port in this process (SO_REUSEPORT), each accepting calls on its own: "
         "grpcio's asyncio server accepts one call at a time per listener; the kernel spreads connections over them",
-        doc='See README\'s "Several listeners on the gRPC port".',
+        doc="See [Several listeners on the gRPC port](processes.md#several-listeners-on-the-grpc-port).",
     )
     # -1 by default: on a node where pods share CPUs, pinned loops could pile onto one. Measured on 2 cores, MLP,
     # batching, 32 callers: about 6% more requests/s with 8 listeners, none with 32. server/affinity.py says more.
@@ -395,14 +395,14 @@ class ServerSettings:
         "pin the event loop thread, once the models are in, to this CPU: an index among the CPUs the process "
         "may run on (0: the first; on a whole host, CPU N). Other threads keep every CPU. -1: leave it to the "
         "scheduler. For dedicated hosts or whole-CPU pods; in a process group each process takes the next",
-        doc="See README's \"The event loop's own CPU\".",
+        doc="See [The event loop's own CPU](processes.md#the-event-loops-own-cpu).",
     )
     serving_processes: int = flag(
         1,
         PROCESS,
         "processes serving the same ports (SO_REUSEPORT), each with its own copy of the models: more cores, "
         "more throughput, more memory; /metrics adds them up",
-        doc='See README\'s "Several serving processes".',
+        doc="See [Several serving processes](processes.md#several-serving-processes).",
     )
     process_group_size: int = flag(
         1, PROCESS, "set by the supervisor of several serving processes on each of them: the group's size", hidden=True
