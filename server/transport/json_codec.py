@@ -399,7 +399,7 @@ def tf_serving_floats(array: np.ndarray) -> np.ndarray:
     1e-7 of exact, rounded half to even as printf rounds, and divided back (correctly rounded: the double nearest
     the decimal). Values near a rounding tie, and those whose scale is no exact double (below 1e-14, from 1e9 on),
     are formatted one by one. Checked against ``tf_decimal`` on millions of values, random bit patterns included
-    (tests/server/test_rest_codec.py)."""
+    (tests/server/transport/test_json_codec.py)."""
     with np.errstate(invalid="ignore"):  # a signalling NaN stays a NaN
         x = np.ascontiguousarray(np.asarray(array, np.float32), np.float64)  # C order: reshape(-1) below is a view
     if x.size < _VECTORIZED_FROM:

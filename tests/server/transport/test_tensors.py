@@ -18,8 +18,7 @@ from tensorflow.core.framework import tensor_pb2, types_pb2
 from servex.loader.errors import InvalidArgument
 from servex.loader.saved_model import dtype_name
 from servex.server.transport import tensors
-
-NAME = "images_in"  # input alias passed to to_ndarray; every error message must name it
+from tests.support.tensor_protos import NAME, dtype_enum, shaped
 
 BF16 = np.dtype(tf.bfloat16.as_numpy_dtype)
 assert BF16 == np.dtype(ml_dtypes.bfloat16)
@@ -52,10 +51,6 @@ def _id(value):
     if isinstance(value, tuple):
         return "x".join(map(str, value)) if value else "scalar"
     return None
-
-
-def _enum(dtype: np.dtype) -> int:
-    return tf.as_dtype(dtype).as_datatype_enum
 
 
 def _pool(dtype: np.dtype) -> np.ndarray:
@@ -124,13 +119,6 @@ def assert_same(actual, expected) -> None:
     assert np.ascontiguousarray(actual).tobytes() == np.ascontiguousarray(expected).tobytes()
 
 
-def _shaped(dtype_enum: int, shape, **fields) -> tensor_pb2.TensorProto:
-    proto = tensor_pb2.TensorProto(dtype=dtype_enum, **fields)
-    for d in shape:
-        proto.tensor_shape.dim.add(size=d)
-    return proto
-
-
 # The test's own statement of TensorProto's typed fields (tensor.proto), independent of
 # server/transport/tensors.py.
 TYPED_FIELD = {
@@ -165,13 +153,13 @@ def _field_values(flat: np.ndarray) -> list:
 def _typed_proto(array: np.ndarray, values: np.ndarray | None = None) -> tensor_pb2.TensorProto:
     """A request with ``values`` (default: all of ``array``) in the typed field, shaped like ``array``."""
     flat = (array if values is None else values).ravel()
-    proto = _shaped(_enum(array.dtype), array.shape)
+    proto = shaped(dtype_enum(array.dtype), array.shape)
     getattr(proto, TYPED_FIELD[array.dtype.name]).extend(_field_values(flat))
     return proto
 
 
 def _content_proto(array: np.ndarray) -> tensor_pb2.TensorProto:
-    proto = _shaped(_enum(array.dtype), array.shape, tensor_content=array.tobytes())
+    proto = shaped(dtype_enum(array.dtype), array.shape, tensor_content=array.tobytes())
     return tensor_pb2.TensorProto.FromString(proto.SerializeToString())  # as it arrives off the wire
 
 
@@ -256,7 +244,7 @@ def test_decode_typed_fields(dtype, shape):
     ],
 )
 def test_decode_typed_field_encodings(dtype_enum, field, values, expected):
-    proto = _shaped(dtype_enum, expected.shape, **{field: values})
+    proto = shaped(dtype_enum, expected.shape, **{field: values})
     assert_same(tf.make_ndarray(proto), expected)
     assert_same(tensors.to_ndarray(proto, NAME), expected)
 
@@ -311,11 +299,11 @@ def test_fewer_typed_values_pad_with_the_last(dtype):
 
 
 def test_broadcast_literal_values():
-    proto = _shaped(types_pb2.DT_FLOAT, [2, 3], float_val=[7.5])
+    proto = shaped(types_pb2.DT_FLOAT, [2, 3], float_val=[7.5])
     np.testing.assert_array_equal(tensors.to_ndarray(proto, NAME), np.full((2, 3), 7.5, dtype=np.float32))
-    proto = _shaped(types_pb2.DT_INT32, [4], int_val=[1, 2])
+    proto = shaped(types_pb2.DT_INT32, [4], int_val=[1, 2])
     np.testing.assert_array_equal(tensors.to_ndarray(proto, NAME), np.array([1, 2, 2, 2], dtype=np.int32))
-    proto = _shaped(types_pb2.DT_STRING, [], string_val=[b"only"])
+    proto = shaped(types_pb2.DT_STRING, [], string_val=[b"only"])
     assert tensors.to_ndarray(proto, NAME).tolist() == b"only"
 
 
@@ -327,7 +315,7 @@ def test_broadcast_literal_values():
 def test_encode_typed_fields_by_default(dtype, shape):
     array = _sample(dtype, shape)
     proto = tensors.from_ndarray(array)
-    assert proto.dtype == _enum(dtype)
+    assert proto.dtype == dtype_enum(dtype)
     assert [d.size for d in proto.tensor_shape.dim] == list(shape)
     assert not proto.tensor_shape.unknown_rank
     assert not proto.tensor_content
@@ -342,7 +330,7 @@ def test_encode_typed_fields_by_default(dtype, shape):
 def test_encode_tensor_content_when_asked(dtype, shape):
     array = _sample(dtype, shape)
     proto = tensors.from_ndarray(array, tensor_content=True)
-    assert proto.dtype == _enum(dtype)
+    assert proto.dtype == dtype_enum(dtype)
     assert [d.size for d in proto.tensor_shape.dim] == list(shape)
     assert _set_fields(proto) == ({"tensor_content"} if array.size else set())
     assert proto.tensor_content == array.tobytes()
@@ -430,7 +418,7 @@ def test_round_trip(dtype, shape, tensor_content):
 
 @pytest.mark.parametrize("dtype", NUMERIC, ids=_id)
 def test_dtype_name_numeric(dtype):
-    expected = types_pb2.DataType.Name(_enum(dtype))
+    expected = types_pb2.DataType.Name(dtype_enum(dtype))
     assert dtype_name(dtype) == expected
     assert dtype_name(dtype.type) == expected  # a scalar type works as well as a dtype
 

@@ -10,7 +10,7 @@ from tensorflow.core.framework import tensor_pb2, types_pb2
 
 from servex.loader.errors import InvalidArgument
 from servex.server.transport import tensors
-from tests.server.test_tensors import NAME, _enum, _shaped
+from tests.support.tensor_protos import NAME, dtype_enum, shaped
 
 
 def _invalid(proto: tensor_pb2.TensorProto, *substrings: str) -> str:
@@ -38,7 +38,7 @@ def _invalid(proto: tensor_pb2.TensorProto, *substrings: str) -> str:
 )
 def test_error_tensor_content_length(dtype, shape, nbytes):
     dtype = np.dtype(dtype)
-    proto = _shaped(_enum(dtype), shape, tensor_content=b"\x01" * nbytes)
+    proto = shaped(dtype_enum(dtype), shape, tensor_content=b"\x01" * nbytes)
     needed = int(np.prod(shape)) * dtype.itemsize
     assert nbytes != needed
     _invalid(proto, str(nbytes), str(needed), "tensor_content")
@@ -57,7 +57,7 @@ def test_error_tensor_content_length(dtype, shape, nbytes):
     ],
 )
 def test_error_more_typed_values_than_the_shape_holds(dtype_enum, shape, fields, sent, holds):
-    proto = _shaped(dtype_enum, shape, **fields)
+    proto = shaped(dtype_enum, shape, **fields)
     _invalid(proto, str(sent), str(holds), str(shape))
 
 
@@ -72,12 +72,12 @@ def test_error_more_typed_values_than_the_shape_holds(dtype_enum, shape, fields,
     ],
 )
 def test_error_no_values_for_a_non_empty_shape(dtype_enum, shape, count, field):
-    _invalid(_shaped(dtype_enum, shape), str(count), str(shape), field)
+    _invalid(shaped(dtype_enum, shape), str(count), str(shape), field)
 
 
 @pytest.mark.parametrize("shape", [[-1], [2, -1], [-3, 4, 5]], ids=str)
 def test_error_negative_dimension(shape):
-    proto = _shaped(types_pb2.DT_FLOAT, shape, float_val=[1.0])
+    proto = shaped(types_pb2.DT_FLOAT, shape, float_val=[1.0])
     _invalid(proto, str(min(shape)), "negative")
 
 
@@ -103,17 +103,17 @@ def test_error_unknown_rank():
     ids=types_pb2.DataType.Name,
 )
 def test_error_unsupported_dtype(dtype_enum):
-    proto = _shaped(dtype_enum, [1], int_val=[1], tensor_content=b"\x00")
+    proto = shaped(dtype_enum, [1], int_val=[1], tensor_content=b"\x00")
     message = _invalid(proto, types_pb2.DataType.Name(dtype_enum), "not supported")
     assert "DT_FLOAT" in message.split("not supported", 1)[1]  # lists what is supported
 
 
 def test_error_unknown_dtype_number():
-    _invalid(_shaped(987, [1], int_val=[1]), "987", "not supported")
+    _invalid(shaped(987, [1], int_val=[1]), "987", "not supported")
 
 
 def test_error_string_in_tensor_content():
-    proto = _shaped(types_pb2.DT_STRING, [2], tensor_content=b"ab")
+    proto = shaped(types_pb2.DT_STRING, [2], tensor_content=b"ab")
     _invalid(proto, "DT_STRING", "tensor_content", "string_val")
 
 
@@ -130,7 +130,7 @@ def test_error_string_in_tensor_content():
 def test_error_element_count_overflowing_int64(shape, fields):
     # TensorFlow's TensorShape refuses shapes of more than 2**63 - 1 elements; the codec must answer
     # INVALID_ARGUMENT for them too, not crash with a NumPy error (which the server would report as INTERNAL).
-    _invalid(_shaped(types_pb2.DT_FLOAT, shape, **fields))
+    _invalid(shaped(types_pb2.DT_FLOAT, shape, **fields))
 
 
 @pytest.mark.parametrize(
@@ -141,16 +141,16 @@ def test_error_element_count_overflowing_int64(shape, fields):
 def test_error_empty_shape_too_large_to_describe(dtype_enum, shape):
     # No element, but NumPy still indexes the other dimensions' bytes: past 2^63 it cannot make the array, which
     # must be INVALID_ARGUMENT, not a ValueError the server would answer INTERNAL.
-    _invalid(_shaped(dtype_enum, shape), "too large")
+    _invalid(shaped(dtype_enum, shape), "too large")
 
 
 def test_error_more_dimensions_than_numpy_supports():
-    _invalid(_shaped(types_pb2.DT_FLOAT, [1] * 65, float_val=[1.0]), "65 dimensions", "at most 64")
-    assert tensors.to_ndarray(_shaped(types_pb2.DT_FLOAT, [1] * 64, float_val=[1.0]), NAME).shape == (1,) * 64
+    _invalid(shaped(types_pb2.DT_FLOAT, [1] * 65, float_val=[1.0]), "65 dimensions", "at most 64")
+    assert tensors.to_ndarray(shaped(types_pb2.DT_FLOAT, [1] * 64, float_val=[1.0]), NAME).shape == (1,) * 64
 
 
 def test_error_odd_number_of_complex_components():
     # 3 floats cannot be complex pairs; the message must say what was sent, not claim "more than" the shape.
-    proto = _shaped(types_pb2.DT_COMPLEX64, [2], scomplex_val=[1.0, 2.0, 3.0])
+    proto = shaped(types_pb2.DT_COMPLEX64, [2], scomplex_val=[1.0, 2.0, 3.0])
     message = _invalid(proto, "scomplex_val", "3")
     assert "more than" not in message, message

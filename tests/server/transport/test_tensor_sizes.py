@@ -16,7 +16,7 @@ from tensorflow_serving.apis import predict_pb2
 
 from servex.loader.errors import ResourceExhausted
 from servex.server.transport import tensors
-from tests.server.test_tensors import NAME, _shaped
+from tests.support.tensor_protos import NAME, shaped
 
 LIMIT = 256 << 20  # the server's default --max_message_bytes
 
@@ -29,7 +29,7 @@ LIMIT = 256 << 20  # the server's default --max_message_bytes
 def test_broadcast_string_counts_every_copy_against_the_limit(value, shape):
     # One string value broadcast over a shape is copied into every element once fed to TensorFlow (32 bytes
     # each besides its bytes): a message of a few bytes must not decode to gigabytes.
-    proto = _shaped(types_pb2.DT_STRING, shape, string_val=[value])
+    proto = shaped(types_pb2.DT_STRING, shape, string_val=[value])
     with pytest.raises(ResourceExhausted, match=rf"'{NAME}'.*decodes to \d+ bytes, more than the limit"):
         tensors.to_ndarray(proto, NAME, LIMIT)
 
@@ -37,7 +37,7 @@ def test_broadcast_string_counts_every_copy_against_the_limit(value, shape):
 def test_a_request_s_broadcast_inputs_are_bounded_together():
     # Each broadcast decodes to 40% of the limit: two fit, a third does not, and is refused before it is made.
     rows = int(LIMIT * 0.4) // 4
-    protos = {f"in{i}": _shaped(types_pb2.DT_FLOAT, [rows], float_val=[float(i)]) for i in range(3)}
+    protos = {f"in{i}": shaped(types_pb2.DT_FLOAT, [rows], float_val=[float(i)]) for i in range(3)}
     decoded = asyncio.run(tensors.decode_all(dict(list(protos.items())[:2]), LIMIT))
     assert [a[-1] for a in decoded.values()] == [0.0, 1.0] and all(a.shape == (rows,) for a in decoded.values())
     with pytest.raises(ResourceExhausted) as e:
@@ -51,7 +51,7 @@ def test_a_request_s_broadcast_inputs_are_bounded_together():
 def test_inputs_sent_in_full_are_not_counted_together():
     # Values all sent are bounded by the message: two int64 inputs of 1,000 one-byte varints each decode to 16,000
     # bytes, past a 12,000-byte limit together, and are taken (each alone is within it).
-    protos = {f"ids{i}": _shaped(types_pb2.DT_INT64, [1000], int64_val=[1] * 1000) for i in range(2)}
+    protos = {f"ids{i}": shaped(types_pb2.DT_INT64, [1000], int64_val=[1] * 1000) for i in range(2)}
     decoded = asyncio.run(tensors.decode_all(protos, 12_000))
     assert [a.sum() for a in decoded.values()] == [1000, 1000]
 
@@ -61,11 +61,11 @@ def test_a_large_decode_is_checked_first_and_runs_off_the_event_loop():
     # broadcast over many elements), which runs on the requests' pool; a small decode neither calls it nor leaves
     # the loop.
     calls, threads = [], []
-    broadcast = {"x": _shaped(types_pb2.DT_FLOAT, [tensors.OFF_LOOP_ELEMENTS + 1], float_val=[1.0])}
-    many = {"x": _shaped(types_pb2.DT_FLOAT, [tensors.OFF_LOOP_ELEMENTS], float_val=[1.0] * tensors.OFF_LOOP_ELEMENTS)}
-    small = {"x": _shaped(types_pb2.DT_FLOAT, [3], float_val=[1.0])}
+    broadcast = {"x": shaped(types_pb2.DT_FLOAT, [tensors.OFF_LOOP_ELEMENTS + 1], float_val=[1.0])}
+    many = {"x": shaped(types_pb2.DT_FLOAT, [tensors.OFF_LOOP_ELEMENTS], float_val=[1.0] * tensors.OFF_LOOP_ELEMENTS)}
+    small = {"x": shaped(types_pb2.DT_FLOAT, [3], float_val=[1.0])}
     # many broadcasts, each under the threshold, that add up past it
-    spread = {f"x{i}": _shaped(types_pb2.DT_FLOAT, [tensors.OFF_LOOP_ELEMENTS // 2], float_val=[1.0]) for i in range(3)}
+    spread = {f"x{i}": shaped(types_pb2.DT_FLOAT, [tensors.OFF_LOOP_ELEMENTS // 2], float_val=[1.0]) for i in range(3)}
 
     def refuse():
         calls.append(threading.current_thread().name)
@@ -94,7 +94,7 @@ def test_a_large_decode_is_checked_first_and_runs_off_the_event_loop():
 
 
 def test_broadcast_string_within_the_limit_decodes():
-    proto = _shaped(types_pb2.DT_STRING, [1000], string_val=[b"first", b"last"])
+    proto = shaped(types_pb2.DT_STRING, [1000], string_val=[b"first", b"last"])
     array = tensors.to_ndarray(proto, NAME, LIMIT)
     assert array.tolist() == [b"first"] + [b"last"] * 999
     np.testing.assert_array_equal(array, tf.make_ndarray(proto))
@@ -102,7 +102,7 @@ def test_broadcast_string_within_the_limit_decodes():
 
 def test_strings_sent_in_full_are_bounded_by_the_message_not_counted_again():
     # Every element sent: the message (itself under the limit) bounds them; only broadcast copies are counted.
-    proto = _shaped(types_pb2.DT_STRING, [1000], string_val=[b"x"] * 1000)
+    proto = shaped(types_pb2.DT_STRING, [1000], string_val=[b"x"] * 1000)
     assert tensors.to_ndarray(proto, NAME, 8 * 1000).tolist() == [b"x"] * 1000
 
 
@@ -141,10 +141,10 @@ def test_large_typed_output_is_written_in_chunks(monkeypatch):
 
 def test_typed_and_output_elements_count_what_encoding_walks():
     assert tensors.typed_elements(tf.make_tensor_proto(np.zeros((3, 4), np.float32))) == 0  # tensor_content
-    assert tensors.typed_elements(_shaped(types_pb2.DT_FLOAT, [3, 4], float_val=[1.0, 2.0])) == 2  # values sent
-    assert tensors.typed_elements(_shaped(types_pb2.DT_STRING, [], string_val=[b"a"])) == 1
+    assert tensors.typed_elements(shaped(types_pb2.DT_FLOAT, [3, 4], float_val=[1.0, 2.0])) == 2  # values sent
+    assert tensors.typed_elements(shaped(types_pb2.DT_STRING, [], string_val=[b"a"])) == 1
     # The shape is not multiplied out: 50,000 dimensions of 2^62 (unchecked yet) would take seconds.
-    assert tensors.typed_elements(_shaped(types_pb2.DT_FLOAT, [2**62] * 50_000, float_val=[1.0])) == 1
+    assert tensors.typed_elements(shaped(types_pb2.DT_FLOAT, [2**62] * 50_000, float_val=[1.0])) == 1
     arrays = [np.zeros((2, 5), np.float32), np.array([b"a", b"b"], dtype=object)]
     assert tensors.output_elements(arrays) == 12
     assert tensors.output_elements(arrays, tensor_content=True) == 2  # numbers go as bytes; strings never do

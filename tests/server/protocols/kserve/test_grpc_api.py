@@ -10,7 +10,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
-from tritonclient.grpc import InferInput, service_pb2
+from tritonclient.grpc import service_pb2
 from tritonclient.utils import deserialize_bytes_tensor
 
 from servex.loader.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
@@ -18,8 +18,7 @@ from servex.server.protocols.kserve import dataplane_rules as rules
 from servex.server.protocols.kserve import v2_types
 from servex.server.protocols.kserve.shared_memory import SharedMemoryRegistry
 from servex.server.transport import tensors
-
-Request = service_pb2.ModelInferRequest
+from tests.support.v2_requests import Request, raw_request
 
 EXAMPLES = {
     "BOOL": np.array([[True, False, True]]),
@@ -37,17 +36,6 @@ EXAMPLES = {
     "FP64": np.array([[0.5, -2.0, 1e300]], np.float64),
     "BYTES": np.array([[b"", b"a\x00b", "é".encode()]], dtype=object),
 }
-
-
-def raw_request(arrays: dict[str, np.ndarray]) -> Request:
-    """A request as tritonclient builds it from NumPy arrays (set_data_from_numpy: the raw path)."""
-    request = Request(model_name="m")
-    for name, array in arrays.items():
-        infer_input = InferInput(name, list(array.shape), v2_types.datatype(array.dtype))
-        infer_input.set_data_from_numpy(array)  # BF16 as ml_dtypes.bfloat16, as tritonclient takes it since r26.06
-        request.inputs.append(infer_input._get_tensor())
-        request.raw_input_contents.append(infer_input._get_content())
-    return request
 
 
 def typed_input(request: Request, name: str, datatype: str, shape, **contents) -> None:

@@ -1,9 +1,9 @@
 """The KServe v2 data plane (server/protocols/kserve/dataplane.py, dataplane_rules.py) in process, against a
 ServingCore serving TensorFlow Serving's half_plus_two: what both adapters call. The gRPC adapter's plain values
-(``v2_types.infer_fields`` over tritonclient's own request messages, as in tests/server/test_kserve.py) and REST's
+(``v2_types.infer_fields`` over tritonclient's own request messages, as in tests/server/protocols/kserve/test_grpc_api.py) and REST's
 JSON (``rest_api.infer_request``) make the same request, checked by the same rules in the same words.
 
-servex's generated `inference.*` modules are not imported here (see tests/server/test_kserve.py)."""
+servex's generated `inference.*` modules are not imported here (see tests/server/protocols/kserve/test_grpc_api.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from servex.server.core import RequestInfo
 from servex.server.protocols.kserve import dataplane, rest_api, v2_types
 from servex.server.protocols.kserve import dataplane_rules as rules
 from servex.server.protocols.kserve.shared_memory import SharedMemoryRegistry
-from tests.server.test_kserve import raw_request
+from tests.support.v2_requests import raw_request
 
 Request = service_pb2.ModelInferRequest
 
