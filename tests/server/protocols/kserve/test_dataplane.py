@@ -1,6 +1,7 @@
 """The KServe v2 data plane (server/protocols/kserve/dataplane.py, dataplane_rules.py) in process, against a
 ServingCore serving TensorFlow Serving's half_plus_two: what both adapters call. The gRPC adapter's plain values
-(``v2_types.infer_fields`` over tritonclient's own request messages, as in tests/server/protocols/kserve/test_grpc_api.py) and REST's
+(``v2_types.infer_fields`` over tritonclient's own request messages, as in
+tests/server/protocols/kserve/test_grpc_api.py) and REST's
 JSON (``rest_api.infer_request``) make the same request, checked by the same rules in the same words.
 
 servex's generated `inference.*` modules are not imported here (see tests/server/protocols/kserve/test_grpc_api.py)."""
