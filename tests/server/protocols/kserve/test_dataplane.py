@@ -20,6 +20,7 @@ from servex.server.core import RequestInfo
 from servex.server.protocols.kserve import dataplane, rest_api, v2_types
 from servex.server.protocols.kserve import dataplane_rules as rules
 from servex.server.protocols.kserve.shared_memory import SharedMemoryRegistry
+from tests.support.in_process import serving_core
 from tests.support.v2_requests import raw_request
 
 Request = service_pb2.ModelInferRequest
@@ -27,21 +28,8 @@ Request = service_pb2.ModelInferRequest
 
 @pytest.fixture(scope="module")
 def plane():
-    from servex.executor import RunHandler
-    from servex.loader.config import ModelSpec
-    from servex.server.app import make_manager
-    from servex.server.config.settings import ServerSettings
-    from servex.server.core import ServingCore
-    from tests.conftest import HALF_PLUS_TWO_TF1
-
-    manager = make_manager(ServerSettings(num_run_workers=1))
-    assert not manager.apply_config([ModelSpec("hp", str(HALF_PLUS_TWO_TF1))])
-    run_handler = RunHandler(1)
-    core = ServingCore(manager, run_handler, max_tensor_bytes=1 << 20)
-    core.started = True
-    yield dataplane.DataPlane(core)
-    run_handler.close()
-    manager.unload_all()
+    with serving_core("hp") as core:
+        yield dataplane.DataPlane(core)
 
 
 def grpc_request(**parameters) -> Request:
