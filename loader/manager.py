@@ -213,7 +213,8 @@ class ModelManager(Generic[S]):
         except LoadError as e:
             # A base path that is missing or empty for a moment (being replaced) must not unload what serves.
             if not (quiet and model.error is not None and model.error.message == e.message):
-                log.error("model %r: %s (the versions it serves stay)", spec.name, e.message)
+                stay = "the versions it serves stay" if model.available() else "nothing of it is served"
+                log.error("model %r: %s (%s)", spec.name, e.message, stay)
             model.error = e
             return [f"model {spec.name!r}: {e.message}"]
         tried: set[int] = set()  # one load attempt per version per pass, so a pass always ends
@@ -304,7 +305,8 @@ class ModelManager(Generic[S]):
             with self._lock:
                 model.versions[version] = sv
                 model.ended.pop(version, None)
-        log.info("model %r version %d: loading from %s", name, version, path)
+        again = f" (attempt {sv.attempts + 1})" if sv.attempts else ""
+        log.info("model %r version %d: loading from %s%s", name, version, path, again)
         start = time.monotonic()
         try:
             servable = self._make(name, version, path)
@@ -313,17 +315,15 @@ class ModelManager(Generic[S]):
             sv.attempts += 1
             sv.fingerprint = fingerprint
             sv.retry_at = time.monotonic() + self.load_retry_interval_s
-            retries_left = max(0, self.max_num_load_retries - sv.attempts + 1)
             with self._lock:
                 sv.error, sv.state = error, END
                 if replacing:  # the old files keep serving; the failure is reported by the problems
                     model.versions[version].error = error
                     model.failed_reloads[version] = sv
             self._on_load(name, version, False, time.monotonic() - start, path)
-            log.error(
-                "model %r version %d failed to load after %.2fs (attempt %d, %d retries left): %s",
-                name, version, time.monotonic() - start, sv.attempts, retries_left, error.message,
-            )  # fmt: skip
+            # no promise of a retry: one comes only if the process serves on and polls (and logs its attempt)
+            log.error("model %r version %d failed to load after %.2fs (attempt %d): %s", name, version,
+                      time.monotonic() - start, sv.attempts, error.message)  # fmt: skip
             return
         self._on_load(name, version, True, time.monotonic() - start, path)
         with self._lock:
