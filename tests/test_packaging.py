@@ -154,6 +154,7 @@ def _ports(count: int) -> list[int]:
             s.close()
 
 
+@pytest.mark.integration  # starts the servex daemon (its own Popen: tests/conftest.py cannot tell)
 def test_tritonclient_installs_beside_servex_and_serves_through_its_grpc_client(wheel, tmp_path):
     """``pip install servex 'tritonclient[grpc,http]'`` into one environment: tritonclient's gRPC extra needs
     protobuf < 7, and servex runs with it (its generated modules are protobuf 6.31.1 gencode). The scratch

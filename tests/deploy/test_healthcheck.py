@@ -15,16 +15,14 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from tests.integration.daemon import Daemon, free_port
+from tests.support.daemon import free_port
 
 SCRIPT = Path(sys.executable).parent / "servex-health"
 
 
 @pytest.fixture(scope="module")
-def daemon(tmp_path_factory):
-    d = Daemon([], tmp_path_factory.mktemp("servex")).wait_serving()  # the bundled demo model, "demo"
-    yield d
-    d.stop()
+def daemon(shared_daemon):
+    return shared_daemon()  # default flags: the bundled demo model, "demo" (a daemon other modules share)
 
 
 def probe(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:

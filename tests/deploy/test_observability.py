@@ -15,17 +15,15 @@ import urllib.parse
 import urllib.request
 
 import grpc
-import numpy as np
 import pytest
-import tensorflow as tf
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
-from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 from tests.certificates import Authority, ssl_config
-from tests.conftest import HALF_PLUS_TWO_TF2
 from tests.deploy.conftest import DASHBOARD, DEPLOY, KUBERNETES, RULES, RULES_TEST
-from tests.integration.daemon import Daemon, free_port, metric, terminate
+from tests.support.clients import predict_y
+from tests.support.daemon import Daemon, free_port, metric, terminate
+from tests.support.paths import HALF_PLUS_TWO_TF2
 
 MODEL = "hpt"
 METRIC_NAME = re.compile(r"(?<![\w:])(servex_[a-zA-Z0-9_]+)(?![\w:])")
@@ -112,36 +110,28 @@ def model_base(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def daemon(tmp_path_factory, model_base):
+def daemon(start_daemon, tmp_path_factory, model_base):
     """servex serving gRPC over TLS (so that its TLS metrics have series) with its metrics in plaintext."""
     folder = tmp_path_factory.mktemp("servex")
     authority = Authority()
     a_year = datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=365)  # far from the expiry alert
     (folder / "ssl.config").write_text(ssl_config(authority.server(not_after=a_year)))
-    d = Daemon(
-        [
-            f"--model_name={MODEL}",
-            f"--model_base_path={model_base}",
-            "--file_system_poll_wait_seconds=0.5",
-            "--max_num_load_retries=0",
-            f"--ssl_config_file={folder / 'ssl.config'}",
-        ],  # fmt: skip
-        folder,
+    d = start_daemon(
+        f"--model_name={MODEL}",
+        f"--model_base_path={model_base}",
+        "--file_system_poll_wait_seconds=0.5",
+        "--max_num_load_retries=0",
+        f"--ssl_config_file={folder / 'ssl.config'}",
         credentials=grpc.ssl_channel_credentials(authority.cert.encode()),
-    ).wait_serving()
-    predict(d, 1)  # the first call builds the client graph and restores variables: slow, and before any scrape
-    yield d
-    d.stop()
+    )
+    predict_times(d, 1)  # the first call builds the client graph and restores variables: slow, and before any scrape
+    return d
 
 
-def predict(daemon: Daemon, n: int, priority: int = 0) -> None:
-    stub = prediction_service_pb2_grpc.PredictionServiceStub(daemon.channel)
-    request = predict_pb2.PredictRequest()
-    request.model_spec.name = MODEL
-    request.inputs["x"].CopyFrom(tf.make_tensor_proto(np.array([1.0, 2.0], np.float32)))
+def predict_times(daemon: Daemon, n: int, priority: int = 0) -> None:
+    """``n`` Predict calls of half_plus_two at ``priority``, each answered right."""
     for _ in range(n):
-        reply = stub.Predict(request, timeout=10, metadata=[("x-servex-priority", str(priority))])
-        assert tf.make_ndarray(reply.outputs["y"]).tolist() == [2.5, 3.0]
+        assert predict_y(daemon.channel, MODEL, [1.0, 2.0], priority=priority, timeout=10) == [2.5, 3.0]
 
 
 class Prometheus:
@@ -219,8 +209,8 @@ def prometheus(prometheus_tools, daemon, tmp_path_factory):
 def traffic(daemon, prometheus, model_base):
     """Requests at two priorities once Prometheus scrapes, then a version that fails to load (so every labelled
     series exists); returns the number of Predicts, the warm-up one included."""
-    predict(daemon, 15, priority=0)
-    predict(daemon, 5, priority=3)
+    predict_times(daemon, 15, priority=0)
+    predict_times(daemon, 5, priority=3)
     broken = model_base / "2"
     broken.mkdir()
     (broken / "saved_model.pb").write_bytes(b"not a SavedModel")
@@ -228,7 +218,7 @@ def traffic(daemon, prometheus, model_base):
     while metric(daemon, "servex_model_load_failures_total", model=MODEL) < 1:
         assert time.monotonic() < deadline, f"the broken version never failed to load:\n{daemon.log()}"
         time.sleep(0.2)
-    predict(daemon, 1)  # still serving version 1
+    predict_times(daemon, 1)  # still serving version 1
     return 1 + 15 + 5 + 1
 
 
@@ -246,7 +236,7 @@ def test_prometheus_reads_request_counts_scraped_from_servex(daemon, prometheus,
 
     prometheus.wait(f"{expr} == {traffic}", counted)
     # and it keeps scraping: more requests show up
-    predict(daemon, 4)
+    predict_times(daemon, 4)
     prometheus.wait(f"{expr} == {traffic + 4}", lambda: float(prometheus.query(expr)[0]["value"][1]) == traffic + 4)
     by_priority = {r["metric"]["priority"]: float(r["value"][1]) for r in prometheus.query(
         f'sum by (priority) (servex_requests_total{{model="{MODEL}",code="OK",method="Predict"}})')}  # fmt: skip

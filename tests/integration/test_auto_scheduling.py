@@ -15,7 +15,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from servex.executor.cost_model import ThreadModeChooser
 from servex.server.cores import usable_cores
-from tests.integration.daemon import metric
+from tests.support.daemon import metric
 
 IMAGE = (96, 96, 64)
 
@@ -83,7 +83,8 @@ def busy_threads(daemon, stub, calls: int = 10) -> int:
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="thread CPU times come from Linux's /proc")
 def test_one_request_of_a_compute_bound_model_runs_on_every_core(start_daemon, conv_model):
     cores = usable_cores()
-    daemon = start_daemon("--model_name=conv", f"--model_base_path={conv_model}")
+    # spare=False: no spare servex imports TensorFlow beside the measured runs (tests/support/daemon.py)
+    daemon = start_daemon("--model_name=conv", f"--model_base_path={conv_model}", spare=False)
     stub = service_pb2_grpc.GRPCInferenceServiceStub(daemon.channel)
     assert busy_threads(daemon, stub) >= min(cores, 2)
     labels = {"model": "conv", "version": "1", "signature": "serving_default"}
@@ -112,6 +113,6 @@ def test_one_request_of_a_compute_bound_model_runs_on_every_core(start_daemon, c
 @pytest.mark.skipif(usable_cores() < 2, reason="one core: nothing to tell apart")
 def test_with_one_thread_in_each_tensorflow_pool_the_same_request_runs_on_one_thread(start_daemon, conv_model):
     one_thread = ("--tensorflow_intra_op_parallelism=1", "--tensorflow_inter_op_parallelism=1")
-    daemon = start_daemon("--model_name=conv", f"--model_base_path={conv_model}", *one_thread)
+    daemon = start_daemon("--model_name=conv", f"--model_base_path={conv_model}", *one_thread, spare=False)
     stub = service_pb2_grpc.GRPCInferenceServiceStub(daemon.channel)
     assert busy_threads(daemon, stub) == 1

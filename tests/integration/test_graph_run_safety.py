@@ -7,44 +7,30 @@ from __future__ import annotations
 import grpc
 import numpy as np
 import pytest
-import tensorflow as tf
-from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
-from tests.conftest import COUNTER, HALF_PLUS_TWO_TF1, HALF_PLUS_TWO_TF2
-from tests.integration.daemon import model_config_file
-from tests.integration.test_graph_runs import expect_error, run, session_run
+from tests.support.clients import expect_error, predict_outputs, run, session_run
 
 X = np.array([[1.0], [2.0], [5.0]], np.float32)
 DENIED = grpc.StatusCode.PERMISSION_DENIED
 
 
 @pytest.fixture(scope="module")
-def daemon(start_daemon, tmp_path_factory):
-    models = {"half": HALF_PLUS_TWO_TF1, "half2": HALF_PLUS_TWO_TF2, "counter": COUNTER}
-    config = model_config_file(tmp_path_factory.mktemp("safety_config"), models)
-    return start_daemon(f"--model_config_file={config}")
-
-
-def predict(channel, model, inputs, signature=""):
-    req = predict_pb2.PredictRequest()
-    req.model_spec.name = model
-    req.model_spec.signature_name = signature
-    for alias, value in inputs.items():
-        req.inputs[alias].CopyFrom(tf.make_tensor_proto(value))
-    reply = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(req, timeout=30)
-    return {alias: tf.make_ndarray(t) for alias, t in reply.outputs.items()}
+def daemon(graph_daemon):
+    """half (TF1 half_plus_two), half2 (TF2) and counter, among others: the daemon test_graph_runs.py shares."""
+    return graph_daemon
 
 
 def test_assigning_a_variable_by_name_is_denied_and_changes_nothing(daemon):
     ch = daemon.channel
-    np.testing.assert_array_equal(predict(ch, "half", {"x": X})["y"], 0.5 * X + 2)
+    np.testing.assert_array_equal(predict_outputs(ch, "half", {"x": X})["y"], 0.5 * X + 2)
     feeds = {"a/initial_value:0": np.float32(100)}
     fragments = ["'a/Assign'", "type Assign", "signature", "AssignVariable"]
     expect_error(DENIED, fragments, session_run, ch, "half", feeds, targets=["a/Assign"])
     expect_error(DENIED, fragments, session_run, ch, "half", feeds, ["a/Assign:0"])
     expect_error(DENIED, fragments, run, ch, "half", feeds, [], ["a/Assign"])
     expect_error(DENIED, fragments, run, ch, "half", feeds, [], ["a/Assign"], graph_name="assign")
-    np.testing.assert_array_equal(predict(ch, "half", {"x": X})["y"], 0.5 * X + 2)  # every client's answer stands
+    # every client's answer stands
+    np.testing.assert_array_equal(predict_outputs(ch, "half", {"x": X})["y"], 0.5 * X + 2)
     assert session_run(ch, "half", fetches=["a:0"])[0]["a:0"] == 0.5
 
 
@@ -61,14 +47,15 @@ def test_saving_a_checkpoint_by_name_is_denied_and_writes_no_file(daemon, tmp_pa
     expect_error(DENIED, ["SaveV2"], session_run, ch, "half2", saver, calls[:1])
     expect_error(DENIED, ["RestoreV2", "AssignVariableOp"], session_run, ch, "half2", saver, calls[1:])
     assert list(tmp_path.iterdir()) == []
-    np.testing.assert_array_equal(predict(ch, "half", {"x": X})["y"], 0.5 * X + 2)
-    np.testing.assert_array_equal(predict(ch, "half2", {"x": X[:, 0]})["y"], 0.5 * X[:, 0] + 2)
+    np.testing.assert_array_equal(predict_outputs(ch, "half", {"x": X})["y"], 0.5 * X + 2)
+    np.testing.assert_array_equal(predict_outputs(ch, "half2", {"x": X[:, 0]})["y"], 0.5 * X[:, 0] + 2)
 
 
 def test_the_counter_s_signatures_still_change_its_state(daemon):
     ch = daemon.channel
-    start = predict(ch, "counter", {}, "get_counter")["output"]
-    assert predict(ch, "counter", {}, "incr_counter")["output"] == start + 1  # Predict on an assigning signature
+    start = predict_outputs(ch, "counter", {}, signature="get_counter")["output"]
+    # Predict on an assigning signature
+    assert predict_outputs(ch, "counter", {}, signature="incr_counter")["output"] == start + 1
     by = session_run(ch, "counter", {"delta:0": np.float32(5)}, ["incr_counter_by_op/AssignAdd:0"])[0]
     assert by["incr_counter_by_op/AssignAdd:0"] == start + 6  # its tensors by name, with its own input
     out, _ = run(ch, "counter", {}, ["incr_counter_op/AssignAdd:0"])
@@ -79,5 +66,5 @@ def test_the_counter_s_signatures_still_change_its_state(daemon):
                  ["incr_counter_op/AssignAdd:0"])  # fmt: skip
     expect_error(DENIED, ["'counter/Assign'"], session_run, ch, "counter", {"counter/initial_value:0": np.float32(9)},
                  targets=["counter/Assign"])  # fmt: skip
-    assert predict(ch, "counter", {}, "get_counter")["output"] == start + 7
-    assert predict(ch, "counter", {}, "reset_counter")["output"] == 0
+    assert predict_outputs(ch, "counter", {}, signature="get_counter")["output"] == start + 7
+    assert predict_outputs(ch, "counter", {}, signature="reset_counter")["output"] == 0

@@ -9,54 +9,19 @@ import grpc
 import numpy as np
 import pytest
 import tensorflow as tf
-from tensorflow_serving.apis import session_service_pb2
 
 from servex.protos.servex.v1 import graph_executor_pb2, graph_executor_pb2_grpc
-from tests.conftest import COUNTER, HALF_PLUS_TWO_TF1, HALF_PLUS_TWO_TF2
-from tests.integration.daemon import metric
-
-SESSION_RUN = "/tensorflow.serving.SessionService/SessionRun"
-
-
-def session_run(channel, model, feeds=None, fetches=(), targets=(), *, alias=False, signature=""):
-    req = session_service_pb2.SessionRunRequest(fetch=list(fetches), target=list(targets), tensor_name_is_alias=alias)
-    req.model_spec.name = model
-    req.model_spec.signature_name = signature
-    for name, value in (feeds or {}).items():
-        named = req.feed.add(name=name)
-        named.tensor.CopyFrom(tf.make_tensor_proto(value))
-    call = channel.unary_unary(
-        SESSION_RUN,
-        request_serializer=session_service_pb2.SessionRunRequest.SerializeToString,
-        response_deserializer=session_service_pb2.SessionRunResponse.FromString,
-    )
-    reply = call(req, timeout=30)
-    return {t.name: tf.make_ndarray(t.tensor) for t in reply.tensor}, reply
-
-
-def run(channel, model, feeds, fetches, targets=(), graph_name=""):
-    req = graph_executor_pb2.RunRequest(graph_name=graph_name, fetches=list(fetches), targets=list(targets))
-    req.model.name = model
-    for name, value in feeds.items():
-        req.feeds[name].CopyFrom(tf.make_tensor_proto(value))
-    reply = graph_executor_pb2_grpc.GraphExecutorStub(channel).Run(req, timeout=30)
-    return [tf.make_ndarray(t) for t in reply.outputs], reply
-
-
-def expect_error(code, fragments, fn, *args, **kwargs):
-    with pytest.raises(grpc.RpcError) as info:
-        fn(*args, **kwargs)
-    assert info.value.code() == code, info.value.details()
-    for fragment in fragments:
-        assert fragment in info.value.details(), info.value.details()
-
+from tests.support.clients import expect_error, run, session_run
+from tests.support.daemon import metric
 
 X = np.array([[1.0], [2.0], [5.0]], np.float32)
 
 
 @pytest.fixture(scope="module")
-def tf1(start_daemon):
-    return start_daemon(f"--model_base_path={HALF_PLUS_TWO_TF1}", "--model_name=hp", "--client_graph_cache_size=2")
+def tf1(graph_daemon):
+    """TF1 half_plus_two as hp, TF2's as hp2, and the counter, with a client-graph cache of 2 entries per model:
+    the daemon test_graph_run_safety.py shares."""
+    return graph_daemon
 
 
 def test_session_run_by_tensor_names_tf1(tf1):
@@ -74,8 +39,8 @@ def test_session_run_by_alias(tf1):
                  {"z": X}, ["y"], alias=True)  # fmt: skip
 
 
-def test_session_run_tf2_by_names_from_the_signature(start_daemon):
-    daemon = start_daemon(f"--model_base_path={HALF_PLUS_TWO_TF2}", "--model_name=hp2")
+def test_session_run_tf2_by_names_from_the_signature(tf1):
+    daemon = tf1
     x = np.array([1.0, 2.0, 5.0], np.float32)
     values, _ = session_run(daemon.channel, "hp2", {"serving_default_x:0": x}, ["StatefulPartitionedCall_5:0"])
     np.testing.assert_array_equal(values["StatefulPartitionedCall_5:0"], [2.5, 3.0, 4.5])
@@ -83,9 +48,8 @@ def test_session_run_tf2_by_names_from_the_signature(start_daemon):
     np.testing.assert_array_equal(values["y"], [2.5, 3.0, 4.5])
 
 
-def test_session_run_on_the_stateful_counter_model(start_daemon):
-    daemon = start_daemon(f"--model_base_path={COUNTER}", "--model_name=counter")
-    ch = daemon.channel
+def test_session_run_on_the_stateful_counter_model(tf1):
+    ch = tf1.channel
     assert session_run(ch, "counter", fetches=["counter:0"])[0]["counter:0"] == 0
     session_run(ch, "counter", targets=["incr_counter_op/AssignAdd"])  # an assign op as a target
     session_run(ch, "counter", targets=["incr_counter_op/AssignAdd"])

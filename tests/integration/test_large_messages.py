@@ -17,27 +17,18 @@ import tritonclient.grpc as triton
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from tests.conftest import HALF_PLUS_TWO_TF1
-from tests.integration.daemon import metric, model_config_file
-from tests.integration.test_kserve_grpc import export_strings, infer_input
+from tests.support.clients import infer_input, predict_request
+from tests.support.daemon import metric, model_config_file
+from tests.support.paths import HALF_PLUS_TWO_TF1
 
 LIMIT = 1 << 20
 
 
 @pytest.fixture(scope="module")
-def daemon(start_daemon, tmp_path_factory):
+def daemon(start_daemon, tmp_path_factory, strings_model):
     base = tmp_path_factory.mktemp("limits")
-    export_strings(base / "strings")
-    config = model_config_file(base, {"half": HALF_PLUS_TWO_TF1, "strings": base / "strings"})
+    config = model_config_file(base, {"half": HALF_PLUS_TWO_TF1, "strings": strings_model})
     return start_daemon(f"--model_config_file={config}", f"--max_message_bytes={LIMIT}")
-
-
-def predict(x, **fields) -> predict_pb2.PredictRequest:
-    """A Predict of model "half" with input ``x`` (a TensorProto)."""
-    request = predict_pb2.PredictRequest(**fields)
-    request.model_spec.name = "half"
-    request.inputs["x"].CopyFrom(x)
-    return request
 
 
 def test_an_answer_over_the_limit_is_resource_exhausted_from_servex(daemon):
@@ -47,14 +38,14 @@ def test_an_answer_over_the_limit_is_resource_exhausted_from_servex(daemon):
     x = tf.make_tensor_proto([1.0], dtype=tf.float32, shape=[LIMIT // 4, 1])
     before = metric(daemon, "servex_requests_total", method="Predict", code="RESOURCE_EXHAUSTED")
     with pytest.raises(grpc.RpcError) as info:
-        stub.Predict(predict(x), timeout=60)
+        stub.Predict(predict_request("half", x), timeout=60)
     assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "the answer to Predict is " in info.value.details()
     assert f"more than the limit of {LIMIT} bytes (--max_message_bytes)" in info.value.details()
     assert metric(daemon, "servex_requests_total", method="Predict", code="RESOURCE_EXHAUSTED") == before + 1
     assert "ExecuteBatchError" not in daemon.log()
     # and the daemon answers the next caller
-    answer = stub.Predict(predict(tf.make_tensor_proto(np.array([[1.0]], np.float32))), timeout=30)
+    answer = stub.Predict(predict_request("half", tf.make_tensor_proto(np.array([[1.0]], np.float32))), timeout=30)
     assert tf.make_ndarray(answer.outputs["y"]).ravel().tolist() == [2.5]
 
 
@@ -80,7 +71,7 @@ def test_an_oversized_answer_in_a_stream_is_that_request_s_error_and_the_stream_
 def test_an_error_message_naming_thousands_of_outputs_is_cut_and_keeps_its_status(daemon):
     stub = prediction_service_pb2_grpc.PredictionServiceStub(daemon.channel)
     x = tf.make_tensor_proto(np.array([[1.0]], np.float32))
-    request = predict(x, output_filter=[f"output_{i}" for i in range(5000)])
+    request = predict_request("half", x, output_filter=[f"output_{i}" for i in range(5000)])
     with pytest.raises(grpc.RpcError) as info:
         stub.Predict(request, timeout=30)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # not gRPC's "metadata size exceeds" instead
@@ -93,7 +84,7 @@ def test_an_error_message_of_non_ascii_characters_is_cut_as_grpc_encodes_it(daem
     # gRPC percent-encodes the message: a CJK character takes 9 bytes, so 2,000 of them (within 4,096
     # characters) would pass gRPC's 16 KiB trailer limit and turn into its own RESOURCE_EXHAUSTED.
     stub = prediction_service_pb2_grpc.PredictionServiceStub(daemon.channel)
-    request = predict(tf.make_tensor_proto(np.array([[1.0]], np.float32)))
+    request = predict_request("half", tf.make_tensor_proto(np.array([[1.0]], np.float32)))
     request.model_spec.name = "模" * 2000
     with pytest.raises(grpc.RpcError) as info:
         stub.Predict(request, timeout=30)
@@ -105,7 +96,7 @@ def test_an_error_message_of_non_ascii_characters_is_cut_as_grpc_encodes_it(daem
 def test_large_typed_requests_and_answers_round_trip(daemon):
     x = np.arange(200_000, dtype=np.float32).reshape(-1, 1)  # past OFF_LOOP_ELEMENTS both ways
     stub = prediction_service_pb2_grpc.PredictionServiceStub(daemon.channel)
-    request = predict(tf.make_tensor_proto(x))
+    request = predict_request("half", tf.make_tensor_proto(x))
     request.inputs["x"].ClearField("tensor_content")
     request.inputs["x"].float_val.extend(x.ravel().tolist())  # typed values, as some clients send
     answer = stub.Predict(request, timeout=60)
@@ -142,5 +133,5 @@ def test_broadcast_inputs_are_bounded_together_and_checked_against_the_model_fir
     with pytest.raises(grpc.RpcError) as info:
         stub.Predict(request("nope", 3), timeout=30)
     assert info.value.code() == grpc.StatusCode.NOT_FOUND and "'nope'" in info.value.details()
-    answer = stub.Predict(predict(tf.make_tensor_proto(np.array([[1.0]], np.float32))), timeout=30)
+    answer = stub.Predict(predict_request("half", tf.make_tensor_proto(np.array([[1.0]], np.float32))), timeout=30)
     assert tf.make_ndarray(answer.outputs["y"]).ravel().tolist() == [2.5]

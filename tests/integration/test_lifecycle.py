@@ -25,24 +25,13 @@ from tensorflow_serving.apis import (
 )
 from tensorflow_serving.config import model_server_config_pb2
 
-from tests.conftest import BAD_HALF_PLUS_TWO, EXPECTED, HALF_PLUS_TWO_TF1, TESTDATA
-from tests.integration.daemon import Daemon, metric, model_config_file, run_to_exit, wait_for
+from tests.support.clients import predict, y
+from tests.support.daemon import Daemon, metric, model_config_file, run_to_exit, wait_for
+from tests.support.models import write_warmup_file
+from tests.support.paths import BAD_HALF_PLUS_TWO, EXPECTED, HALF_PLUS_THREE, HALF_PLUS_TWO_TF1, TWO_VERSIONS
 
-TWO_VERSIONS = TESTDATA / "saved_model_half_plus_two_2_versions"
-HALF_PLUS_THREE = TESTDATA / "saved_model_half_plus_three"
 AVAILABLE = get_model_status_pb2.ModelVersionStatus.AVAILABLE
 END = get_model_status_pb2.ModelVersionStatus.END
-
-
-def predict(channel, model, x, *, version=None, label="", timeout=10) -> predict_pb2.PredictResponse:
-    req = predict_pb2.PredictRequest()
-    req.model_spec.name = model
-    if version is not None:
-        req.model_spec.version.value = version
-    if label:
-        req.model_spec.version_label = label
-    req.inputs["x"].CopyFrom(tf.make_tensor_proto(np.asarray(x, np.float32)))
-    return prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(req, timeout=timeout)
 
 
 def status(channel, model, *, version=None, label=""):
@@ -54,10 +43,6 @@ def status(channel, model, *, version=None, label=""):
         req.model_spec.version_label = label
     reply = model_service_pb2_grpc.ModelServiceStub(channel).GetModelStatus(req, timeout=10)
     return {s.version: (s.state, s.status.error_code, s.status.error_message) for s in reply.model_version_status}
-
-
-def y(reply) -> list[float]:
-    return tf.make_ndarray(reply.outputs["y"]).ravel().tolist()
 
 
 POLICY_CONFIG = f"""
@@ -362,9 +347,7 @@ def test_the_server_is_ready_only_once_the_start_up_models_are_in(tmp_path, slow
     """KServe v2 ServerReady and /v2/health/ready say what gRPC health says: not ready while a model of the start-up
     config still loads (here: warms up for seconds), though another one already serves and is ready itself."""
     import tritonclient.grpc as triton
-    from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
-
-    from tests.loader.test_warmup_records import write_warmup_file
+    from tensorflow_serving.apis import prediction_log_pb2
 
     slow = tmp_path / "slow"
     shutil.copytree(slow_model, slow)
@@ -373,7 +356,7 @@ def test_the_server_is_ready_only_once_the_start_up_models_are_in(tmp_path, slow
     record.predict_log.request.inputs["iterations"].CopyFrom(tf.make_tensor_proto(np.array(3_000_000, np.int64)))
     write_warmup_file(slow / "1", [record.SerializeToString()])
     config = model_config_file(tmp_path, {"fast": HALF_PLUS_TWO_TF1, "slow": slow})
-    daemon = Daemon([f"--model_config_file={config}"], tmp_path, rest=True)
+    daemon = Daemon([f"--model_config_file={config}"], tmp_path, rest=True, spare=True)
     client = triton.InferenceServerClient(daemon.address)
 
     def rest_ok(path: str) -> bool:

@@ -12,15 +12,16 @@ import pytest
 import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
-from tests.conftest import HALF_PLUS_TWO_TF1
-from tests.integration.daemon import metric
+from tests.support.daemon import metric
 
 GARBAGE = b"\xff\xff\xff\xff"  # a field header whose varint never ends
 
 
 @pytest.fixture(scope="module")
-def daemon(start_daemon):
-    return start_daemon("--model_name=half", f"--model_base_path={HALF_PLUS_TWO_TF1}")
+def daemon(half_daemon):
+    """half_plus_two (TF1) as ``half``: a daemon other modules share (this module's checks count from what they
+    find)."""
+    return half_daemon
 
 
 @pytest.mark.parametrize(

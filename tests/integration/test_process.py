@@ -21,16 +21,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 from servex.server.cli import build_parser
-from tests.conftest import BAD_HALF_PLUS_TWO, HALF_PLUS_TWO_TF1, TESTDATA
-from tests.integration.daemon import Daemon, listening_sockets, run_to_exit
-
-
-def predict(channel, model: str, inputs: dict, timeout: float = 10) -> predict_pb2.PredictResponse:
-    req = predict_pb2.PredictRequest()
-    req.model_spec.name = model
-    for alias, value in inputs.items():
-        req.inputs[alias].CopyFrom(tf.make_tensor_proto(value))
-    return prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(req, timeout=timeout)
+from tests.support.clients import predict
+from tests.support.daemon import Daemon, listening_sockets, run_to_exit
+from tests.support.paths import BAD_HALF_PLUS_TWO, HALF_PLUS_TWO_TF1, TESTDATA
 
 
 def test_help_documents_every_flag():
@@ -51,8 +44,8 @@ def test_help_documents_every_flag():
     assert "(default: 8500)" in out.stdout and "(default: 8501)" in out.stdout and "(default: 8502)" in out.stdout
 
 
-def test_no_model_flags_serve_the_bundled_demo_model(start_daemon):
-    daemon = start_daemon()
+def test_no_model_flags_serve_the_bundled_demo_model(shared_daemon):
+    daemon = shared_daemon()  # no flags: shared with the other tests that ask for a servex of default flags
     reply = predict(daemon.channel, "demo", {"x": np.array([1.0, 2.0, 5.0], np.float32)})
     assert tf.make_ndarray(reply.outputs["y"]).tolist() == [2.5, 3.0, 4.5]
     assert reply.model_spec.version.value == 1
@@ -150,7 +143,7 @@ def test_message_size_limit_gives_resource_exhausted_and_keeps_serving(start_dae
 
 
 def test_sigterm_finishes_in_flight_calls_refuses_new_ones_and_exits_zero(slow_model, tmp_path):
-    daemon = Daemon([f"--model_base_path={slow_model}", "--model_name=slow"], tmp_path).wait_serving()
+    daemon = Daemon([f"--model_base_path={slow_model}", "--model_name=slow"], tmp_path, spare=True).wait_serving()
     iterations = 400_000  # about a second on this machine
     outcome = {}
 

@@ -10,20 +10,17 @@ import time
 from pathlib import Path
 
 import grpc
-import numpy as np
 import pytest
-import tensorflow as tf
 from tensorflow_serving.apis import (
     model_management_pb2,
     model_service_pb2_grpc,
-    predict_pb2,
-    prediction_service_pb2_grpc,
 )
 
 from servex.server.affinity import group_index
 from servex.server.config.settings import ServerSettings
-from tests.conftest import HALF_PLUS_TWO_TF1
-from tests.integration.daemon import Daemon, free_port, listening_sockets, metric, run_to_exit
+from tests.support.clients import predict_y
+from tests.support.daemon import Daemon, free_port, listening_sockets, metric, run_to_exit
+from tests.support.paths import HALF_PLUS_TWO_TF1
 
 CONNECTIONS = 16
 ALLOWED = sorted(os.sched_getaffinity(0))
@@ -73,14 +70,6 @@ def _wait_both_ready(daemon: Daemon, timeout: float = 120) -> None:
         time.sleep(0.1)
 
 
-def _predict(channel, x: list[float]) -> list[float]:
-    request = predict_pb2.PredictRequest()
-    request.model_spec.name = "half"
-    request.inputs["x"].CopyFrom(tf.make_tensor_proto(np.array(x, np.float32).reshape(-1, 1)))
-    reply = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(request, timeout=30)
-    return tf.make_ndarray(reply.outputs["y"]).ravel().tolist()
-
-
 @pytest.fixture(scope="module")
 def group(tmp_path_factory):
     folder = tmp_path_factory.mktemp("group")
@@ -109,7 +98,7 @@ def test_both_processes_serve_the_port_and_metrics_add_up(group):
     ]  # one TCP connection each
     try:
         for i, channel in enumerate(channels):
-            assert _predict(channel, [i, 2 * i]) == [0.5 * i + 2, i + 2]
+            assert predict_y(channel, "half", [[i], [2 * i]]) == [0.5 * i + 2, i + 2]
         per_process = [_established_on(pid, group.port) for pid in children]
         assert sum(per_process) >= CONNECTIONS and all(n > 0 for n in per_process), per_process
     finally:
@@ -120,7 +109,7 @@ def test_both_processes_serve_the_port_and_metrics_add_up(group):
 
 def test_the_first_process_serves_the_unix_socket(group):
     with grpc.insecure_channel(f"unix:{group.socket_path}") as channel:
-        assert _predict(channel, [4.0]) == [4.0]
+        assert predict_y(channel, "half", [[4.0]]) == [4.0]
     _wait_both_ready(group)
     bound = [line for line in group.log().splitlines() if "gRPC on " in line]
     assert len(bound) == 2 and sum(f"and unix:{group.socket_path}" in line for line in bound) == 1, bound
@@ -158,7 +147,7 @@ def test_reload_by_rpc_is_refused_in_a_group(group):
         stub.HandleReloadConfigRequest(model_management_pb2.ReloadConfigRequest(), timeout=30)
     assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "one of 2 serving processes" in info.value.details() and "--model_config_file" in info.value.details()
-    assert _predict(group.channel, [4.0]) == [4.0]
+    assert predict_y(group.channel, "half", [[4.0]]) == [4.0]
 
 
 def test_the_admin_api_needs_a_single_process():
@@ -172,7 +161,7 @@ def test_sigterm_drains_every_process(tmp_path):
     daemon.wait_serving()  # one process serves: the other may still be starting, and would stop without serving
     _wait_both_ready(daemon)
     children = _children(daemon.proc.pid)
-    assert _predict(daemon.channel, [2.0]) == [3.0]
+    assert predict_y(daemon.channel, "half", [[2.0]]) == [3.0]
     daemon.proc.send_signal(signal.SIGTERM)
     assert daemon.wait_exit(60) == 0
     left = {pid: _describe(pid) for pid in children if Path(f"/proc/{pid}").exists()}
@@ -222,8 +211,8 @@ def test_a_taken_metrics_port_fails_the_group_at_start_and_leaves_no_process():
 
 
 @pytest.mark.parametrize("flag", ["--port", "--rest_api_port"])
-def test_a_port_another_server_listens_on_fails_the_group_at_start(start_daemon, flag):
-    other = start_daemon()  # a servex alone on its ports: its listeners use SO_REUSEPORT too
+def test_a_port_another_server_listens_on_fails_the_group_at_start(shared_daemon, flag):
+    other = shared_daemon()  # a servex alone on its ports (default flags): its listeners use SO_REUSEPORT too
     port = other.port if flag == "--port" else free_port()
     with socket.socket() as taken:
         if flag == "--rest_api_port":

@@ -9,25 +9,10 @@ import grpc
 import numpy as np
 import pytest
 import tensorflow as tf
-from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
-from tests.conftest import EXPECTED, HALF_PLUS_TWO_TF1
-from tests.integration.daemon import metric, wait_for
-
-
-def predict_outputs(channel, model, alias, value, *, timeout=30, priority=None, signature=""):
-    """Every output of a Predict call, by alias."""
-    req = predict_pb2.PredictRequest()
-    req.model_spec.name, req.model_spec.signature_name = model, signature
-    req.inputs[alias].CopyFrom(tf.make_tensor_proto(value))
-    metadata = (("x-servex-priority", str(priority)),) if priority is not None else None
-    reply = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(req, timeout=timeout, metadata=metadata)
-    return {name: tf.make_ndarray(tensor) for name, tensor in reply.outputs.items()}
-
-
-def predict(channel, model, alias, value, **kwargs):
-    """The (first) output of a Predict call."""
-    return next(iter(predict_outputs(channel, model, alias, value, **kwargs).values()))
+from tests.support.clients import predict_first, predict_outputs
+from tests.support.daemon import metric, wait_for
+from tests.support.paths import EXPECTED, HALF_PLUS_TWO_TF1
 
 
 def test_batched_callers_each_get_their_own_rows(start_daemon):
@@ -40,7 +25,7 @@ def test_batched_callers_each_get_their_own_rows(start_daemon):
         for j in range(25):
             x = np.array([[i * 100.0 + j], [-i - j]], np.float32)
             try:
-                y = predict(channel, "hp", "x", x)
+                y = predict_first(channel, "hp", {"x": x})
                 if not np.array_equal(y, 0.5 * x + 2):
                     wrong.append((x, y))
             except grpc.RpcError as e:
@@ -70,7 +55,7 @@ def test_mixed_priorities_paced_and_batched_each_caller_gets_its_own_rows(start_
         for j in range(20):
             x = np.array([[i * 100.0 + j]], np.float32)
             try:
-                y = predict(channel, "hp", "x", x, priority=priority)
+                y = predict_first(channel, "hp", {"x": x}, priority=priority)
                 if not np.array_equal(y, 0.5 * x + 2):
                     wrong.append((x, y))
             except grpc.RpcError as e:
@@ -89,10 +74,9 @@ def test_mixed_priorities_paced_and_batched_each_caller_gets_its_own_rows(start_
     assert metric(daemon, "servex_event_loop_lag_seconds_count") >= 2
 
 
-def test_priority_metadata_must_be_an_integer(start_daemon):
-    daemon = start_daemon(f"--model_base_path={HALF_PLUS_TWO_TF1}", "--model_name=hp")
+def test_priority_metadata_must_be_an_integer(half_daemon):
     with pytest.raises(grpc.RpcError) as info:
-        predict(daemon.channel, "hp", "x", np.ones((1, 1), np.float32), priority="high")
+        predict_first(half_daemon.channel, "half", {"x": np.ones((1, 1), np.float32)}, priority="high")
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "x-servex-priority" in info.value.details()
 
 
@@ -107,7 +91,7 @@ def _hold_the_worker(daemon, seconds_of_work=600_000):
 
     def call():
         channel = grpc.insecure_channel(daemon.address)
-        predict(channel, "slow", "iterations", np.array(seconds_of_work, np.int64), timeout=60)
+        predict_first(channel, "slow", {"iterations": np.array(seconds_of_work, np.int64)}, timeout=60)
         channel.close()
 
     thread = threading.Thread(target=call)
@@ -121,13 +105,13 @@ def test_expired_requests_never_run_and_priorities_order_the_queue(one_worker):
     expired_before = metric(daemon, "servex_deadline_exceeded_total", model="slow")
     holder = _hold_the_worker(daemon)
     with pytest.raises(grpc.RpcError) as info:
-        predict(daemon.channel, "slow", "iterations", np.array(1, np.int64), timeout=0.2)
+        predict_first(daemon.channel, "slow", {"iterations": np.array(1, np.int64)}, timeout=0.2)
     assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     done = []
 
     def call(label, priority):  # each queued run takes a while, so the order they ran in shows in when they end
         channel = grpc.insecure_channel(daemon.address)
-        predict(channel, "slow", "iterations", np.array(200_000, np.int64), priority=priority)
+        predict_first(channel, "slow", {"iterations": np.array(200_000, np.int64)}, priority=priority)
         done.append(label)
         channel.close()
 
@@ -145,34 +129,35 @@ def test_expired_requests_never_run_and_priorities_order_the_queue(one_worker):
 def test_a_full_queue_answers_resource_exhausted(one_worker):
     daemon = one_worker
     holder = _hold_the_worker(daemon)
-    queued = [threading.Thread(target=predict, args=(grpc.insecure_channel(daemon.address), "slow", "iterations",
-                                                   np.array(10, np.int64))) for _ in range(3)]  # fmt: skip
+    ten = {"iterations": np.array(10, np.int64)}
+    queued = [threading.Thread(target=predict_first, args=(grpc.insecure_channel(daemon.address), "slow", ten))
+              for _ in range(3)]  # fmt: skip
     for t in queued:
         t.start()
     time.sleep(0.2)
     with pytest.raises(grpc.RpcError) as info:
-        predict(daemon.channel, "slow", "iterations", np.array(10, np.int64))
+        predict_first(daemon.channel, "slow", {"iterations": np.array(10, np.int64)})
     assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "queued" in info.value.details()
     for t in (holder, *queued):
         t.join(60)
-    assert predict(daemon.channel, "slow", "iterations", np.array(3, np.int64)) == 3
+    assert predict_first(daemon.channel, "slow", {"iterations": np.array(3, np.int64)}) == 3
 
 
 def test_queued_input_bytes_over_the_bound_answer_resource_exhausted(start_daemon, slow_model):
     daemon = start_daemon(f"--model_base_path={slow_model}", "--model_name=slow", "--num_run_workers=1",
                           "--max_queued_bytes=12")  # fmt: skip
     holder = _hold_the_worker(daemon)  # running, not queued
-    queued = threading.Thread(target=predict, args=(grpc.insecure_channel(daemon.address), "slow", "iterations",
-                                                    np.array(10, np.int64)))  # fmt: skip
+    queued = threading.Thread(target=predict_first, args=(grpc.insecure_channel(daemon.address), "slow",
+                                                          {"iterations": np.array(10, np.int64)}))  # fmt: skip
     queued.start()  # 8 bytes queued
     time.sleep(0.2)
     with pytest.raises(grpc.RpcError) as info:  # 8 more would make 16
-        predict(daemon.channel, "slow", "iterations", np.array(10, np.int64))
+        predict_first(daemon.channel, "slow", {"iterations": np.array(10, np.int64)})
     assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "hold 8 bytes" in info.value.details() and "--max_queued_bytes" in info.value.details()
     for t in (holder, queued):
         t.join(60)
-    assert predict(daemon.channel, "slow", "iterations", np.array(3, np.int64)) == 3
+    assert predict_first(daemon.channel, "slow", {"iterations": np.array(3, np.int64)}) == 3
 
 
 def test_a_call_whose_deadline_passes_while_it_runs_is_counted_deadline_exceeded(one_worker):
@@ -182,9 +167,9 @@ def test_a_call_whose_deadline_passes_while_it_runs_is_counted_deadline_exceeded
     before = {code: metric(daemon, "servex_requests_total", model="slow", code=code)
               for code in ("OK", "DEADLINE_EXCEEDED")}  # fmt: skip
     with pytest.raises(grpc.RpcError) as info:
-        predict(daemon.channel, "slow", "iterations", np.array(600_000, np.int64), timeout=0.5)
+        predict_first(daemon.channel, "slow", {"iterations": np.array(600_000, np.int64)}, timeout=0.5)
     assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    assert predict(daemon.channel, "slow", "iterations", np.array(3, np.int64)) == 3  # after the long run
+    assert predict_first(daemon.channel, "slow", {"iterations": np.array(3, np.int64)}) == 3  # after the long run
     assert metric(daemon, "servex_requests_total", model="slow", code="DEADLINE_EXCEEDED") == (
         before["DEADLINE_EXCEEDED"] + 1
     )
@@ -207,7 +192,7 @@ def test_a_stream_whose_deadline_passes_while_it_runs_is_counted_deadline_exceed
     with pytest.raises(grpc.RpcError) as info:
         list(stream(iter([request]), timeout=0.5))
     assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    assert predict(daemon.channel, "slow", "iterations", np.array(3, np.int64)) == 3  # after the long run
+    assert predict_first(daemon.channel, "slow", {"iterations": np.array(3, np.int64)}) == 3  # after the long run
     assert metric(daemon, "servex_requests_total", method="ModelStreamInfer", code="DEADLINE_EXCEEDED") == before + 1
 
 
@@ -256,7 +241,7 @@ def test_pad_variable_length_inputs_batches_callers_of_other_lengths(start_daemo
                           f"--batching_parameters_file={params}", "--max_message_bytes=8192")  # fmt: skip
 
     def call(signature, alias, value):  # from its own thread: the channel is shared
-        return predict_outputs(daemon.channel, "seq", alias, value, timeout=60, signature=signature)
+        return predict_outputs(daemon.channel, "seq", {alias: value}, timeout=60, signature=signature)
 
     long = np.arange(1, 601, dtype=np.float32)[None]  # 2,400 bytes; padded with the 4 rows below: 12,000
     sequences = [np.array([[1, 2]], np.float32), np.array([[3, 4, 5, 6], [7, 8, 9, 10]], np.float32),

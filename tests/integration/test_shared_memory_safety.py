@@ -17,7 +17,7 @@ import pytest
 import tritonclient.grpc as triton
 import tritonclient.http as httpclient
 
-from tests.integration.test_kserve_shared_memory import expect_error
+from tests.support.clients import expect_inference_error as expect_error
 
 SHM = Path("/dev/shm")
 X = np.arange(6, dtype=np.float32).reshape(2, 3)

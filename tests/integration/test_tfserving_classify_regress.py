@@ -17,13 +17,19 @@ from tensorflow_serving.apis import (
     regression_pb2,
 )
 
-from tests.conftest import HALF_PLUS_TWO_TF1, HALF_PLUS_TWO_TF2, TESTDATA
-from tests.integration.daemon import metric, model_config_file
+from tests.support.clients import (
+    CLASSIFY,
+    PREDICT,
+    REGRESS,
+    classify_request,
+    example,
+    multi_request,
+    regress_request,
+    set_spec,
+)
+from tests.support.daemon import metric, model_config_file
+from tests.support.paths import HALF_PLUS_THREE, HALF_PLUS_TWO_TF1, HALF_PLUS_TWO_TF2
 
-CLASSIFY = "tensorflow/serving/classify"
-REGRESS = "tensorflow/serving/regress"
-PREDICT = "tensorflow/serving/predict"
-HALF_PLUS_THREE = TESTDATA / "saved_model_half_plus_three"
 FLAVORS = ("tf1", "tf2")
 
 
@@ -37,44 +43,6 @@ def daemon(start_daemon, tmp_path_factory):
 @pytest.fixture
 def stub(daemon):
     return prediction_service_pb2_grpc.PredictionServiceStub(daemon.channel)
-
-
-def example(**features) -> tf.train.Example:
-    return tf.train.Example(
-        features=tf.train.Features(
-            feature={k: tf.train.Feature(float_list=tf.train.FloatList(value=[v])) for k, v in features.items()}
-        )
-    )
-
-
-def set_spec(model_spec, model, signature, version=None):
-    model_spec.name = model
-    model_spec.signature_name = signature
-    if version is not None:
-        model_spec.version.value = version
-
-
-def classify_request(model="tf1", signature="classify_x_to_y", xs=(2.0,), version=None):
-    request = classification_pb2.ClassificationRequest()
-    set_spec(request.model_spec, model, signature, version)
-    request.input.example_list.examples.extend(example(x=x) for x in xs)
-    return request
-
-
-def regress_request(model="tf1", signature="regress_x_to_y2", xs=(2.0,)):
-    request = regression_pb2.RegressionRequest()
-    set_spec(request.model_spec, model, signature)
-    request.input.example_list.examples.extend(example(x=x) for x in xs)
-    return request
-
-
-def multi_request(tasks, model="tf1", xs=(2.0,)):
-    request = inference_pb2.MultiInferenceRequest()
-    for signature, method in tasks:
-        task = request.tasks.add(method_name=method)
-        set_spec(task.model_spec, model, signature)
-    request.input.example_list.examples.extend(example(x=x) for x in xs)
-    return request
 
 
 def scores(result: classification_pb2.ClassificationResult) -> list[list[float]]:

@@ -20,12 +20,12 @@ from tensorflow_serving.apis import (
     get_model_metadata_pb2,
     get_model_status_pb2,
     model_service_pb2_grpc,
-    predict_pb2,
     prediction_service_pb2_grpc,
 )
 
-from tests.conftest import EXPECTED, HALF_PLUS_TWO_TF1, HALF_PLUS_TWO_TF2
-from tests.integration.daemon import metric
+from tests.support.clients import predict_request
+from tests.support.daemon import metric
+from tests.support.paths import EXPECTED, HALF_PLUS_TWO_TF1, HALF_PLUS_TWO_TF2
 
 MODEL = "default"
 
@@ -66,21 +66,9 @@ def stub(daemon):
     return prediction_service_pb2_grpc.PredictionServiceStub(daemon.channel)
 
 
-def predict_request(x=None, *, model=MODEL, version=None, signature="", output_filter=()) -> predict_pb2.PredictRequest:
-    req = predict_pb2.PredictRequest()
-    req.model_spec.name = model
-    req.model_spec.signature_name = signature
-    if version is not None:
-        req.model_spec.version.value = version
-    if x is not None:
-        req.inputs["x"].CopyFrom(tf.make_tensor_proto(np.asarray(x)))
-    req.output_filter.extend(output_filter)
-    return req
-
-
 def assert_half_plus_two(stub, flavor, values=(1.0, 2.0, 5.0)):
     x = np.array(values, np.float32).reshape((len(values), *flavor.x_shape[1:]))
-    reply = stub.Predict(predict_request(x), timeout=10)
+    reply = stub.Predict(predict_request(MODEL, x), timeout=10)
     np.testing.assert_array_equal(tf.make_ndarray(reply.outputs["y"]), 0.5 * x + 2)
     return reply
 
@@ -92,7 +80,9 @@ def rpc_error(call, *args) -> grpc.RpcError:
 
 
 def test_predict_half_plus_two(stub, flavor):
-    reply = stub.Predict(predict_request(np.array([1.0, 2.0, 5.0], np.float32).reshape(flavor.x_shape)), timeout=10)
+    reply = stub.Predict(
+        predict_request(MODEL, np.array([1.0, 2.0, 5.0], np.float32).reshape(flavor.x_shape)), timeout=10
+    )
     y = tf.make_ndarray(reply.outputs["y"])
     np.testing.assert_array_equal(y, np.array([2.5, 3.0, 4.5], np.float32).reshape(flavor.x_shape))
     assert reply.model_spec.name == MODEL
@@ -103,7 +93,7 @@ def test_predict_half_plus_two(stub, flavor):
 
 
 def test_predict_typed_values_and_scalar_broadcast(stub, flavor):
-    req = predict_request()
+    req = predict_request(MODEL)
     typed = req.inputs["x"]
     typed.dtype = types_pb2.DT_FLOAT
     for size in flavor.x_shape:
@@ -117,7 +107,7 @@ def test_predict_typed_values_and_scalar_broadcast(stub, flavor):
 
 def test_predict_explicit_version_and_output_filter(stub, flavor):
     x = np.full((1, *flavor.x_shape[1:]), 3.0, np.float32)
-    req = predict_request(x, version=123, signature="serving_default", output_filter=["y"])
+    req = predict_request(MODEL, x, version=123, signature="serving_default", output_filter=["y"])
     reply = stub.Predict(req, timeout=10)
     assert list(reply.outputs) == ["y"]
     assert tf.make_ndarray(reply.outputs["y"]).ravel().tolist() == [3.5]
@@ -131,7 +121,7 @@ def test_predict_string_input_through_classify_signature(stub, daemon):
             }
         )
     )
-    req = predict_request(signature="classify_x_to_y")
+    req = predict_request(MODEL, signature="classify_x_to_y")
     req.inputs["inputs"].CopyFrom(tf.make_tensor_proto([example.SerializeToString()], dtype=tf.string))
     reply = stub.Predict(req, timeout=10)
     assert tf.make_ndarray(reply.outputs["scores"]).ravel().tolist() == [5.0]
@@ -147,13 +137,13 @@ def _ones(flavor, dtype=np.float32):
 
 
 def _with_extra_input(flavor):
-    req = predict_request(_ones(flavor))
+    req = predict_request(MODEL, _ones(flavor))
     req.inputs["z"].CopyFrom(tf.make_tensor_proto(_ones(flavor)))
     return req
 
 
 def _bad_tensor_content(flavor):
-    req = predict_request()
+    req = predict_request(MODEL)
     req.inputs["x"].CopyFrom(tensor_pb2.TensorProto(dtype=types_pb2.DT_FLOAT, tensor_content=b"\0" * 8))
     for size in flavor.x_shape:
         req.inputs["x"].tensor_shape.dim.add(size=size)
@@ -162,17 +152,17 @@ def _bad_tensor_content(flavor):
 
 ERROR_CASES = {
     "unknown-model": (
-        lambda f: predict_request(_ones(f), model="nope"),
+        lambda f: predict_request("nope", _ones(f)),
         grpc.StatusCode.NOT_FOUND,
         ["Servable not found for request: Latest(nope); ", "'nope'", "served models: default"],
     ),
     "unknown-version": (
-        lambda f: predict_request(_ones(f), version=7),
+        lambda f: predict_request(MODEL, _ones(f), version=7),
         grpc.StatusCode.NOT_FOUND,
         ["Servable not found for request: Specific(default, 7); ", "no version 7", "123"],
     ),
     "unknown-signature": (
-        lambda f: predict_request(_ones(f), signature="nosuch"),
+        lambda f: predict_request(MODEL, _ones(f), signature="nosuch"),
         grpc.StatusCode.FAILED_PRECONDITION,
         ["'nosuch'", "serving_default", "classify_x_to_y", "regress_x_to_y"],
     ),
@@ -182,7 +172,7 @@ ERROR_CASES = {
         ["unknown input(s) ['z']", "expected inputs: x"],
     ),
     "wrong-dtype": (
-        lambda f: predict_request(_ones(f, np.float64)),
+        lambda f: predict_request(MODEL, _ones(f, np.float64)),
         grpc.StatusCode.INVALID_ARGUMENT,
         ["'x'", "DT_FLOAT", "DT_DOUBLE"],
     ),
@@ -192,12 +182,12 @@ ERROR_CASES = {
         ["'x'", "tensor_content holds 8 bytes", "needs 12"],
     ),
     "unknown-output-filter": (
-        lambda f: predict_request(_ones(f), output_filter=["z"]),
+        lambda f: predict_request(MODEL, _ones(f), output_filter=["z"]),
         grpc.StatusCode.INVALID_ARGUMENT,
         ["output_filter", "'z'", "outputs are: y"],
     ),
     "no-model-name": (
-        lambda f: predict_request(_ones(f), model=""),
+        lambda f: predict_request("", _ones(f)),
         grpc.StatusCode.INVALID_ARGUMENT,
         ["model_spec.name is empty"],
     ),
@@ -216,24 +206,24 @@ def test_predict_errors_name_what_was_wrong_and_server_keeps_serving(stub, flavo
 
 def test_a_missing_input_takes_the_signature_s_default_or_is_named(stub, flavor):
     if flavor.x_default is None:  # TF1: no default, so x is required
-        error = rpc_error(stub.Predict, predict_request())
+        error = rpc_error(stub.Predict, predict_request(MODEL))
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "missing input(s) ['x']" in error.details() and "x (DT_FLOAT " in error.details()
     else:  # as TensorFlow Serving: the SignatureDef's default is fed
-        y = tf.make_ndarray(stub.Predict(predict_request(), timeout=30).outputs["y"])
+        y = tf.make_ndarray(stub.Predict(predict_request(MODEL), timeout=30).outputs["y"])
         assert y.tolist() == [0.5 * v + 2 for v in flavor.x_default]
     assert_half_plus_two(stub, flavor)
 
 
 def test_predict_shapes_refused_and_left_to_tensorflow(stub, flavor):
     for shape in flavor.bad_shapes:  # the signature's other dimensions are checked, naming both shapes
-        error = rpc_error(stub.Predict, predict_request(np.ones(shape, np.float32)))
+        error = rpc_error(stub.Predict, predict_request(MODEL, np.ones(shape, np.float32)))
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "'x'" in error.details() and f"expects shape {flavor.shape_text}" in error.details()
         assert f"got {list(shape)}" in error.details()
     for shape in flavor.other_ranks:  # as TensorFlow Serving: another rank goes to TensorFlow, which takes it
         x = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
-        y = tf.make_ndarray(stub.Predict(predict_request(x), timeout=30).outputs["y"])
+        y = tf.make_ndarray(stub.Predict(predict_request(MODEL, x), timeout=30).outputs["y"])
         np.testing.assert_array_equal(y, 0.5 * x + 2)
     assert_half_plus_two(stub, flavor)
 
@@ -306,7 +296,7 @@ def test_health_and_reflection(daemon):
 
 def test_metrics_count_requests(stub, daemon, flavor):
     assert_half_plus_two(stub, flavor)
-    rpc_error(stub.Predict, predict_request(_ones(flavor, np.float64)))
+    rpc_error(stub.Predict, predict_request(MODEL, _ones(flavor, np.float64)))
     assert metric(daemon, "servex_request_latency_seconds_count", method="Predict", model="default") >= 2
     ok = {"method": "Predict", "model": "default", "version": "123", "signature": "serving_default", "priority": "0"}
     assert metric(daemon, "servex_requests_total", code="OK", **ok) >= 1

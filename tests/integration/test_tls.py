@@ -18,14 +18,13 @@ import grpc
 import numpy as np
 import orjson
 import pytest
-import tensorflow as tf
 import tritonclient.grpc as triton
-from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 from servex.protos.servex.v1 import variables_pb2, variables_pb2_grpc
 from tests.certificates import Authority, Pem, ssl_config
 from tests.conftest import HALF_PLUS_TWO_TF2
-from tests.integration.daemon import free_port, run_to_exit
+from tests.support.clients import predict_y
+from tests.support.daemon import run_to_exit
 
 MODEL = "half"
 
@@ -42,23 +41,23 @@ def ca_file(authority, tmp_path_factory):
     return path
 
 
-def start(start_daemon, tmp_path_factory, config: str, credentials, *args: str, rest: bool = False):
+def start(start_daemon, tmp_path_factory, config: str, credentials, *args: str, rest: bool = False, port_flags=()):
     path = tmp_path_factory.mktemp("tls") / "ssl.config"
     path.write_text(config)
     return start_daemon(f"--model_base_path={HALF_PLUS_TWO_TF2}", f"--model_name={MODEL}",
-                        f"--ssl_config_file={path}", *args, rest=rest, credentials=credentials)  # fmt: skip
+                        f"--ssl_config_file={path}", *args, rest=rest, credentials=credentials,
+                        port_flags=port_flags)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def tls_daemon(authority, start_daemon, tmp_path_factory):
     """One-way TLS: the server's certificate, no client certificate asked for; the admin port, a UNIX socket and
     REST on."""
-    admin = free_port()
     credentials = grpc.ssl_channel_credentials(authority.cert.encode())
     daemon = start(start_daemon, tmp_path_factory, ssl_config(authority.server()), credentials,
-                   f"--admin_port={admin}", f"--grpc_socket_path={tmp_path_factory.mktemp('tls') / 'grpc.sock'}",
-                   rest=True)  # fmt: skip
-    return daemon, admin
+                   f"--grpc_socket_path={tmp_path_factory.mktemp('tls') / 'grpc.sock'}", rest=True,
+                   port_flags=["--admin_port"])  # fmt: skip
+    return daemon, daemon.admin_port
 
 
 @pytest.fixture(scope="module")
@@ -70,24 +69,19 @@ def mtls_daemon(authority, start_daemon, tmp_path_factory):
     return start(start_daemon, tmp_path_factory, config, credentials), client
 
 
-def predict(channel, values=(1.0, 2.0, 5.0)) -> list[float]:
-    req = predict_pb2.PredictRequest()
-    req.model_spec.name = MODEL
-    req.inputs["x"].CopyFrom(tf.make_tensor_proto(np.array(values, np.float32)))
-    reply = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(req, timeout=10)
-    return list(tf.make_ndarray(reply.outputs["y"]))
+VALUES = (1.0, 2.0, 5.0)
 
 
 def refused(channel) -> grpc.RpcError:
     with pytest.raises(grpc.RpcError) as info:
-        predict(channel)
+        predict_y(channel, MODEL, VALUES, timeout=10)
     channel.close()
     return info.value
 
 
 def test_predict_over_tls(tls_daemon):
     daemon, _ = tls_daemon
-    assert predict(daemon.channel) == [2.5, 3.0, 4.5]
+    assert predict_y(daemon.channel, MODEL, VALUES) == [2.5, 3.0, 4.5]
     assert "TLS" in daemon.log().split("gRPC on ", 1)[1].splitlines()[0]
 
 
@@ -98,7 +92,7 @@ def test_plaintext_and_a_server_certificate_of_another_ca_are_turned_away(tls_da
     error = refused(grpc.secure_channel(daemon.address, grpc.ssl_channel_credentials(Authority().cert.encode())))
     assert error.code() == grpc.StatusCode.UNAVAILABLE
     assert "certificate" in error.details().lower()
-    assert predict(daemon.channel, (4.0,)) == [4.0]  # everyone else is still served
+    assert predict_y(daemon.channel, MODEL, (4.0,)) == [4.0]  # everyone else is still served
     assert daemon.proc.poll() is None
     assert "Handshake failed" not in daemon.log()  # a client cannot fill servex's log with failed handshakes
 
@@ -130,7 +124,7 @@ def test_the_unix_socket_serves_tls_too(tls_daemon, authority):
     # a unix: target has no host name to check: the client names the one the server's certificate holds
     options = (("grpc.ssl_target_name_override", "localhost"),)
     with grpc.secure_channel(target, grpc.ssl_channel_credentials(authority.cert.encode()), options) as channel:
-        assert predict(channel, (6.0,)) == [5.0]
+        assert predict_y(channel, MODEL, (6.0,)) == [5.0]
     assert refused(grpc.insecure_channel(target)).code() == grpc.StatusCode.UNAVAILABLE
 
 
@@ -161,7 +155,7 @@ def test_servex_health_speaks_tls_with_its_flags(tls_daemon, ca_file, tmp_path):
 
 def test_mutual_tls_serves_a_client_certificate_the_ca_signed(mtls_daemon):
     daemon, _ = mtls_daemon
-    assert predict(daemon.channel) == [2.5, 3.0, 4.5]
+    assert predict_y(daemon.channel, MODEL, VALUES) == [2.5, 3.0, 4.5]
     assert "client certificates required" in daemon.log()
 
 
@@ -172,7 +166,7 @@ def test_mutual_tls_turns_away_no_client_certificate_or_one_of_another_ca(mtls_d
     stranger = Authority().client()
     credentials = grpc.ssl_channel_credentials(authority.cert.encode(), stranger.key.encode(), stranger.cert.encode())
     assert refused(grpc.secure_channel(daemon.address, credentials)).code() == grpc.StatusCode.UNAVAILABLE
-    assert predict(daemon.channel, (0.0,)) == [2.0]
+    assert predict_y(daemon.channel, MODEL, (0.0,)) == [2.0]
 
 
 def test_tritonclient_over_mutual_tls(mtls_daemon, authority, ca_file, tmp_path):
@@ -227,14 +221,14 @@ def test_a_rotated_certificate_serves_new_connections_without_a_restart(start_da
     daemon = start(start_daemon, tmp_path_factory, ssl_config(old_server),
                    grpc.ssl_channel_credentials(old.cert.encode()))  # fmt: skip
     config = _config_path(daemon)
-    assert predict(daemon.channel) == [2.5, 3.0, 4.5]  # a connection made under the old certificate
+    assert predict_y(daemon.channel, MODEL, VALUES) == [2.5, 3.0, 4.5]  # a connection made under the old certificate
     assert served_certificate(daemon.port) == der(old_server.cert)
     config.write_text(ssl_config(new_server))
     with fresh_channel(daemon.address, new.cert) as channel:
-        assert predict(channel, (2.0,)) == [3.0]
+        assert predict_y(channel, MODEL, (2.0,)) == [3.0]
     wait_for_log(daemon, f"TLS: {config} changed: new connections get its certificate")
     assert refused(fresh_channel(daemon.address, old.cert)).code() == grpc.StatusCode.UNAVAILABLE
-    assert predict(daemon.channel, (4.0,)) == [4.0]  # the open connection keeps its session
+    assert predict_y(daemon.channel, MODEL, (4.0,)) == [4.0]  # the open connection keeps its session
     for attempt in range(8):  # new connections, spread by the kernel over the listeners
         assert served_certificate(daemon.port) == der(new_server.cert), attempt
 
@@ -251,7 +245,7 @@ def test_a_changed_file_that_cannot_serve_keeps_the_certificate_in_use(start_dae
     other = authority.server()
     config.write_text(ssl_config(other, authority.cert, client_verify=True))
     with fresh_channel(daemon.address, authority.cert) as channel:
-        assert predict(channel, (0.0,)) == [2.0]  # still no client certificate asked for
+        assert predict_y(channel, MODEL, (0.0,)) == [2.0]  # still no client certificate asked for
     wait_for_log(daemon, "changed client_verify to True: keeping the certificate in use")
     assert served_certificate(daemon.port) == der(server.cert)
     assert daemon.proc.poll() is None
@@ -280,13 +274,13 @@ def test_pem_files_of_a_kubernetes_secret_serve_mutual_tls_and_rotate(start_daem
                           f"--ssl_server_cert_file={folder / 'tls.crt'}", f"--ssl_server_key_file={folder / 'tls.key'}",
                           f"--ssl_custom_ca_file={folder / 'ca.crt'}", "--ssl_client_verify",
                           credentials=credentials)  # fmt: skip
-    assert predict(daemon.channel) == [2.5, 3.0, 4.5]
+    assert predict_y(daemon.channel, MODEL, VALUES) == [2.5, 3.0, 4.5]
     no_client_cert = grpc.ssl_channel_credentials(old.cert.encode())
     assert refused(grpc.secure_channel(daemon.address, no_client_cert)).code() == grpc.StatusCode.UNAVAILABLE
     secret_volume(folder, "v2", new.server(), new.cert)  # cert-manager renewed: a new CA, key and certificate
     new_client = new.client()
     with fresh_channel(daemon.address, new.cert, new_client.key, new_client.cert) as channel:
-        assert predict(channel, (2.0,)) == [3.0]
+        assert predict_y(channel, MODEL, (2.0,)) == [3.0]
     wait_for_log(daemon, "changed: new connections get its certificate")
     # a client of the old CA is now turned away: servex's certificate is the new CA's
     assert refused(fresh_channel(daemon.address, old.cert, client.key, client.cert)).code() == (
@@ -299,6 +293,5 @@ def test_pem_files_of_a_kubernetes_secret_serve_mutual_tls_and_rotate(start_daem
 
 
 def _config_path(daemon) -> Path:
-    command = Path(f"/proc/{daemon.proc.pid}/cmdline").read_bytes().split(b"\0")
-    flag = next(arg for arg in command if arg.startswith(b"--ssl_config_file="))
-    return Path(flag.split(b"=", 1)[1].decode())
+    flag = next(arg for arg in daemon.args if arg.startswith("--ssl_config_file="))  # (its flags, as it was given)
+    return Path(flag.split("=", 1)[1])

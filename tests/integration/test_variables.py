@@ -9,12 +9,13 @@ import grpc
 import numpy as np
 import pytest
 import tensorflow as tf
-from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 from servex.protos.servex.v1 import variables_pb2, variables_pb2_grpc
-from tests.integration.daemon import free_port, metric, run_to_exit
+from tests.support.clients import admin_stub, predict_first
+from tests.support.daemon import metric, run_to_exit
 
 ROWS, WIDTH = 20_000, 16
+TWO = {"x": np.array([2.0], np.float32)}  # calibrate's input
 
 
 @pytest.fixture(scope="module")
@@ -49,19 +50,6 @@ def expected_score(table, w, ids):
     return table[ids].mean(axis=1) @ w
 
 
-def predict(channel, signature, alias, value, timeout=30):
-    req = predict_pb2.PredictRequest()
-    req.model_spec.name = "cold"
-    req.model_spec.signature_name = signature
-    req.inputs[alias].CopyFrom(tf.make_tensor_proto(value))
-    reply = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(req, timeout=timeout)
-    return tf.make_ndarray(next(iter(reply.outputs.values())))
-
-
-def admin_stub(port):
-    return variables_pb2_grpc.VariableServiceStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
-
-
 def states(stub, metadata=None):
     req = variables_pb2.ListVariablesRequest()
     req.model.name = "cold"
@@ -71,8 +59,8 @@ def states(stub, metadata=None):
 
 @pytest.fixture(scope="module")
 def lazy(cold_model, start_daemon):
-    admin = free_port()
-    return start_daemon(f"--model_base_path={cold_model[0]}", "--model_name=cold", f"--admin_port={admin}"), admin
+    daemon = start_daemon(f"--model_base_path={cold_model[0]}", "--model_name=cold", port_flags=["--admin_port"])
+    return daemon, daemon.admin_port
 
 
 def test_calibrate_answers_while_the_table_stays_unrestored(lazy):
@@ -83,7 +71,7 @@ def test_calibrate_answers_while_the_table_stays_unrestored(lazy):
     table = next(v for v in reply.variables if v.name == "table")
     assert list(table.shape) == [ROWS, WIDTH] and table.bytes == ROWS * WIDTH * 4 and table.dtype == 1
     assert table.checkpoint_key == "table/.ATTRIBUTES/VARIABLE_VALUE"
-    np.testing.assert_allclose(predict(daemon.channel, "calibrate", "x", np.array([2.0], np.float32)), [3.0])
+    np.testing.assert_allclose(predict_first(daemon.channel, "cold", TWO, signature="calibrate"), [3.0])
     after, _ = states(stub)
     assert after == {"table": "UNRESTORED", "w": "UNRESTORED", "scale": "ON_DEVICE"}
     assert metric(daemon, "servex_restored_variable_bytes", model="cold") == 4
@@ -100,7 +88,7 @@ def test_concurrent_first_calls_restore_the_table_once(lazy, cold_model):
         channel = grpc.insecure_channel(daemon.address)
         barrier.wait(30)
         try:
-            results.append(predict(channel, "serving_default", "ids", ids))
+            results.append(predict_first(channel, "cold", {"ids": ids}, signature="serving_default"))
         except grpc.RpcError as e:
             errors.append(e)
         channel.close()
@@ -131,7 +119,7 @@ def test_assign_variable_changes_the_answer_and_refuses_mismatches(lazy):
     stub = admin_stub(admin)
     reply = _assign(stub, "scale", np.float32(4.0))
     assert reply.variable.name == "scale" and reply.model.version == 1
-    np.testing.assert_allclose(predict(daemon.channel, "calibrate", "x", np.array([2.0], np.float32)), [8.0])
+    np.testing.assert_allclose(predict_first(daemon.channel, "cold", TWO, signature="calibrate"), [8.0])
     assert metric(daemon, "servex_variable_assignments_total", model="cold") == 1
     for bad, fragments in [
         (np.float64(4.0), ["float32[]", "float64[]"]),
@@ -157,7 +145,7 @@ def test_assign_variable_changes_the_answer_and_refuses_mismatches(lazy):
     with pytest.raises(grpc.RpcError) as info:
         stub.AssignVariable(both, timeout=30)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "model.name is empty" in info.value.details()
-    np.testing.assert_allclose(predict(daemon.channel, "calibrate", "x", np.array([2.0], np.float32)), [8.0])
+    np.testing.assert_allclose(predict_first(daemon.channel, "cold", TWO, signature="calibrate"), [8.0])
 
 
 def test_runs_during_assignments_see_the_old_or_the_new_value_never_a_mix(lazy, cold_model):
@@ -173,7 +161,7 @@ def test_runs_during_assignments_see_the_old_or_the_new_value_never_a_mix(lazy, 
         channel = grpc.insecure_channel(daemon.address)
         while not stop.is_set():
             try:
-                seen.append(predict(channel, "serving_default", "ids", ids))
+                seen.append(predict_first(channel, "cold", {"ids": ids}, signature="serving_default"))
             except grpc.RpcError as e:
                 errors.append(e)
         channel.close()
@@ -203,13 +191,14 @@ def test_admin_service_is_not_on_the_public_port(lazy):
 
 def test_eager_restore_and_prefetch(cold_model, start_daemon, tmp_path):
     base = cold_model[0]
-    admin = free_port()
-    start_daemon(f"--model_base_path={base}", "--model_name=cold", "--lazy_restore=false", f"--admin_port={admin}")
-    assert set(states(admin_stub(admin))[0].values()) == {"ON_DEVICE"}
-    admin2 = free_port()
-    start_daemon(f"--model_base_path={base}", "--model_name=cold", "--prefetch_variables=cold=table",
-                 f"--admin_port={admin2}")  # fmt: skip
-    stub = admin_stub(admin2)
+    admin = ["--admin_port"]
+    # Both start at once; each is waited for before its checks.
+    eager = start_daemon(f"--model_base_path={base}", "--model_name=cold", "--lazy_restore=false", port_flags=admin,
+                         wait=False)  # fmt: skip
+    prefetching = start_daemon(f"--model_base_path={base}", "--model_name=cold", "--prefetch_variables=cold=table",
+                               port_flags=admin, wait=False)  # fmt: skip
+    assert set(states(admin_stub(eager.wait_serving().admin_port))[0].values()) == {"ON_DEVICE"}
+    stub = admin_stub(prefetching.wait_serving().admin_port)
     req = variables_pb2.PrefetchRequest(names=["w"], wait=True)
     req.model.name = "cold"
     assert [variables_pb2.Variable.State.Name(v.state) for v in stub.Prefetch(req, timeout=30).variables] == [
@@ -226,10 +215,9 @@ def test_eager_restore_and_prefetch(cold_model, start_daemon, tmp_path):
 def test_admin_token(cold_model, start_daemon, tmp_path):
     token = tmp_path / "token"
     token.write_text("s3cret\n")
-    admin = free_port()
-    start_daemon(f"--model_base_path={cold_model[0]}", "--model_name=cold", f"--admin_port={admin}",
-                 f"--admin_token_file={token}")  # fmt: skip
-    stub = admin_stub(admin)
+    daemon = start_daemon(f"--model_base_path={cold_model[0]}", "--model_name=cold", f"--admin_token_file={token}",
+                          port_flags=["--admin_port"])  # fmt: skip
+    stub = admin_stub(daemon.admin_port)
     for metadata in (None, (("authorization", "Bearer wrong"),)):
         with pytest.raises(grpc.RpcError) as info:
             states(stub, metadata)

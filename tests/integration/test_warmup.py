@@ -3,46 +3,35 @@ TensorFlow Serving's half_plus_two (TF1) with warm-up records written here with 
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
-from pathlib import Path
 
 import grpc
-import numpy as np
 import pytest
 import tensorflow as tf
 from tensorflow_serving.apis import (
     get_model_status_pb2,
     model_service_pb2_grpc,
     prediction_log_pb2,
-    prediction_service_pb2_grpc,
     session_service_pb2,
 )
 
 from servex.protos.servex.v1 import variables_pb2
-from tests.conftest import HALF_PLUS_TWO_TF1
-from tests.integration.daemon import free_port, metric, model_config_file
-from tests.integration.test_tfserving_classify_regress import (
+from tests.support.clients import (
     CLASSIFY,
     REGRESS,
+    admin_stub,
+    call,
     classify_request,
     multi_request,
+    predict_request,
     regress_request,
 )
-from tests.integration.test_variables import admin_stub
-from tests.loader.test_warmup_records import write_warmup_file
+from tests.support.daemon import metric, model_config_file
+from tests.support.models import WARMUP_VERSION as VERSION
+from tests.support.models import as_log, model_with_warmup
+from tests.support.paths import HALF_PLUS_TWO_TF1
 
-VERSION = 123
-
-
-def predict_request(model: str, x: list[float], alias: str = "x"):
-    from tensorflow_serving.apis import predict_pb2
-
-    request = predict_pb2.PredictRequest()
-    request.model_spec.name = model
-    request.inputs[alias].CopyFrom(tf.make_tensor_proto(np.asarray(x, np.float32)))
-    return request
+__all__ = ["VERSION", "as_log", "model_with_warmup", "predict_request"]  # (test_tfserving_command_line.py's)
 
 
 def client_calls(model: str) -> list:
@@ -55,37 +44,11 @@ def client_calls(model: str) -> list:
     ]
 
 
-def as_log(request) -> prediction_log_pb2.PredictionLog:
-    kinds = {"PredictRequest": "predict_log", "ClassificationRequest": "classify_log",
-             "RegressionRequest": "regress_log", "MultiInferenceRequest": "multi_inference_log"}  # fmt: skip
-    kind = kinds[type(request).__name__]
-    record = prediction_log_pb2.PredictionLog()
-    getattr(record, kind).request.CopyFrom(request)
-    return record
-
-
-def model_with_warmup(base: Path, records: list[bytes]) -> Path:
-    """A copy of half_plus_two (TF1) whose version holds a warm-up file of these raw records."""
-    version = base / str(VERSION)
-    shutil.copytree(HALF_PLUS_TWO_TF1 / "00000123", version, copy_function=shutil.copyfile)
-    for root, _dirs, _files in os.walk(base):
-        os.chmod(root, 0o755)
-    write_warmup_file(version, records)
-    return base
-
-
 def variable_states(admin_port: int, model: str) -> dict[str, str]:
     request = variables_pb2.ListVariablesRequest()
     request.model.name = model
     reply = admin_stub(admin_port).ListVariables(request, timeout=10)
     return {v.name: variables_pb2.Variable.State.Name(v.state) for v in reply.variables}
-
-
-def call(channel, request):
-    stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
-    methods = {"PredictRequest": stub.Predict, "ClassificationRequest": stub.Classify,
-               "RegressionRequest": stub.Regress, "MultiInferenceRequest": stub.MultiInference}  # fmt: skip
-    return methods[type(request).__name__](request, timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -94,12 +57,14 @@ def warm_and_cold(start_daemon, tmp_path_factory):
     # The records name another model and version: warm-up ignores both, as TensorFlow Serving does.
     records = [as_log(r).SerializeToString() for r in client_calls("renamed")]
     base = model_with_warmup(tmp_path_factory.mktemp("warm"), records)
-    warm_admin, cold_admin = free_port(), free_port()
-    warm = start_daemon(f"--model_base_path={base}", "--model_name=hp2", f"--admin_port={warm_admin}",
-                        "--num_request_iterations_for_warmup=2")  # fmt: skip
-    cold = start_daemon(f"--model_base_path={base}", "--model_name=hp2", f"--admin_port={cold_admin}",
-                        "--enable_model_warmup=false")  # fmt: skip
-    return (warm, warm_admin), (cold, cold_admin)
+    admin = ["--admin_port"]
+    warm = start_daemon(f"--model_base_path={base}", "--model_name=hp2", "--num_request_iterations_for_warmup=2",
+                        port_flags=admin, wait=False)  # fmt: skip
+    cold = start_daemon(f"--model_base_path={base}", "--model_name=hp2", "--enable_model_warmup=false",
+                        port_flags=admin, wait=False)  # fmt: skip
+    warm.wait_serving()  # both start at once
+    cold.wait_serving()
+    return (warm, warm.admin_port), (cold, cold.admin_port)
 
 
 def test_warm_up_runs_every_record_before_the_version_serves(warm_and_cold):
@@ -145,7 +110,7 @@ def wait_for_error(channel, model: str, timeout: float = 60) -> str:
 
 def test_a_failing_or_unreadable_warm_up_fails_the_load_and_says_why(start_daemon, tmp_path_factory):
     good = predict_request("any", [1.0])
-    bad_alias = predict_request("any", [1.0], alias="nope")
+    bad_alias = predict_request("any", {"nope": [1.0]})
     session_run = prediction_log_pb2.PredictionLog()
     session_run.session_run_log.request.CopyFrom(session_service_pb2.SessionRunRequest())
     root = tmp_path_factory.mktemp("bad")

@@ -3,19 +3,11 @@
 from __future__ import annotations
 
 import pytest
-import tensorflow as tf
 from tensorflow_serving.apis import prediction_log_pb2
 
 from servex.loader import LoadError
 from servex.loader.warmup_records import MAX_RECORDS, WARMUP_FILE, read_warmup_records
-
-
-def write_warmup_file(version, records: list[bytes]) -> None:
-    """The version's warm-up file, holding these raw records."""
-    (version / WARMUP_FILE).parent.mkdir(parents=True)
-    with tf.io.TFRecordWriter(str(version / WARMUP_FILE)) as writer:
-        for record in records:
-            writer.write(record)
+from tests.support.models import write_warmup_file
 
 
 def log(signature: str) -> bytes:

@@ -12,29 +12,13 @@ from prometheus_client import REGISTRY
 
 from servex.transfer import DeviceError, H2DTransferExecutor, H2DTransferExecutorFactory, TransferFuture, make_factory
 from servex.transfer.cpu import (
-    ALIGN_COPY_MIN_BYTES,
     ALIGNMENT,
     CpuTransferExecutorFactory,
     aligned_copy,
     needs_aligned_copy,
 )
+from tests.support.buffers import BIG, address, unaligned
 from tests.transfer.gpu import without_gpu
-
-BIG = ALIGN_COPY_MIN_BYTES // 4  # float32 elements in an array just at the copy threshold
-
-
-def address(array: np.ndarray) -> int:
-    return array.__array_interface__["data"][0]
-
-
-def unaligned(n: int, dtype=np.float32) -> np.ndarray:
-    """A C-contiguous array of ``n`` elements whose buffer starts 16 bytes past a 64-byte boundary."""
-    itemsize = np.dtype(dtype).itemsize
-    raw = np.empty(n * itemsize + 2 * ALIGNMENT, np.uint8)
-    start = (-address(raw) % ALIGNMENT) + 16
-    out = raw[start : start + n * itemsize].view(dtype)
-    out[...] = (np.arange(n) % 1000).astype(dtype)
-    return out
 
 
 def sample(name: str, device: str = "cpu") -> float:

@@ -17,7 +17,7 @@ from servex.loader import load_saved_model
 from servex.server.transport.tensors import to_ndarray
 from servex.transfer import make_factory
 from servex.transfer.cpu import ALIGNMENT, aligned_copy
-from tests.transfer.test_cpu import BIG, address, unaligned
+from tests.support.buffers import BIG, address, unaligned
 
 
 @pytest.fixture(scope="module")

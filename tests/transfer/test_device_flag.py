@@ -4,25 +4,19 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import tensorflow as tf
-from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
-from tests.integration.conftest import mlp_model, start_daemon  # noqa: F401  (fixtures)
-from tests.integration.daemon import metric, run_to_exit
+from tests.support.clients import predict_outputs
+from tests.support.daemon import metric, run_to_exit
 from tests.transfer.gpu import without_gpu
 
 
 @pytest.fixture(scope="module")
-def daemon(start_daemon, mlp_model):  # noqa: F811
+def daemon(start_daemon, mlp_model):
     return start_daemon(f"--model_base_path={mlp_model}", "--model_name=mlp", "--device=auto")
 
 
-def predict(daemon, features: np.ndarray) -> np.ndarray:
-    stub = prediction_service_pb2_grpc.PredictionServiceStub(daemon.channel)
-    request = predict_pb2.PredictRequest()
-    request.model_spec.name = "mlp"
-    request.inputs["features"].CopyFrom(tf.make_tensor_proto(features))
-    return tf.make_ndarray(stub.Predict(request, timeout=30).outputs["score"])
+def score(daemon, features: np.ndarray) -> np.ndarray:
+    return predict_outputs(daemon.channel, "mlp", {"features": features})["score"]
 
 
 @without_gpu
@@ -48,17 +42,17 @@ def test_auto_serves_on_the_cpu_and_logs_the_fallback(daemon):
     log = daemon.log()
     assert "--device=auto" in log and "falling back to cpu" in log
     assert "transfer executor: cpu" in log
-    assert predict(daemon, np.ones((2, 64), np.float32)).shape == (2, 1)
+    assert score(daemon, np.ones((2, 64), np.float32)).shape == (2, 1)
 
 
 @without_gpu
 def test_predict_counts_the_bytes_it_fed_and_one_transfer(daemon):
     rows = np.random.default_rng(1).random((4, 64), np.float32)
-    predict(daemon, rows)  # the first run also restores (and transfers) the variables
+    score(daemon, rows)  # the first run also restores (and transfers) the variables
     fed = metric(daemon, "servex_h2d_bytes_total", device="cpu")
     runs = metric(daemon, "servex_h2d_transfer_seconds_count", device="cpu")
     assert fed > 0 and runs >= 1
-    predict(daemon, rows)
+    score(daemon, rows)
     assert metric(daemon, "servex_h2d_bytes_total", device="cpu") - fed == rows.nbytes
     assert metric(daemon, "servex_h2d_transfer_seconds_count", device="cpu") - runs == 1
 
@@ -70,8 +64,8 @@ CLOSE = {"rtol": 1e-5, "atol": 1e-6}  # kernels for other batch sizes round diff
 def test_a_large_input_copied_aligned_gives_the_same_answers(daemon):
     """4096 x 64 float32 (1 MiB) arrives unaligned in tensor_content, so the executor copies it aligned."""
     rows = np.random.default_rng(2).random((4096, 64), np.float32)
-    small = predict(daemon, rows[:8])
-    big = predict(daemon, rows)
+    small = score(daemon, rows[:8])
+    big = score(daemon, rows)
     assert big.shape == (4096, 1)
     np.testing.assert_allclose(big[:8], small, **CLOSE)
-    np.testing.assert_allclose(big[-8:], predict(daemon, rows[-8:]), **CLOSE)
+    np.testing.assert_allclose(big[-8:], score(daemon, rows[-8:]), **CLOSE)
