@@ -5,6 +5,7 @@ importable from here for the modules that import it from here."""
 from __future__ import annotations
 
 import pytest
+import tensorflow as tf
 
 from tests.support.daemon import model_config_file
 from tests.support.models import export_sum  # noqa: F401
@@ -27,3 +28,20 @@ def half_daemon(shared_daemon):
     """TensorFlow Serving's half_plus_two (TF1) as ``half``, default flags otherwise: for the tests that only call
     it (test_malformed_messages.py, test_scheduling.py); their metric checks count from what they find."""
     return shared_daemon("--model_name=half", f"--model_base_path={HALF_PLUS_TWO_TF1}")
+
+
+@pytest.fixture(scope="session")
+def string_model(tmp_path_factory):
+    """(test_rest.py, test_kserve_http.py) A model with a DT_STRING input: ``upper`` (text) and ``echo_bytes`` (the
+    same bytes, alias ending in _bytes,
+    so TensorFlow Serving's REST writes it base64) and ``length`` (int32)."""
+
+    class Strings(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
+        def serve(self, text):
+            return {"upper": tf.strings.upper(text), "echo_bytes": text, "length": tf.strings.length(text)}
+
+    base = tmp_path_factory.mktemp("strings")
+    module = Strings()
+    tf.saved_model.save(module, str(base / "1"), signatures={"serving_default": module.serve})
+    return base

@@ -17,6 +17,9 @@ from tritonclient.utils import InferenceServerException, deserialize_bytes_tenso
 
 from tests.conftest import HALF_PLUS_TWO_TF1, HALF_PLUS_TWO_TF2
 from tests.integration.daemon import free_port, metric, model_config_file
+from tests.support.clients import infer_input
+from tests.support.models import export_strings
+from tests.support.v2_requests import fp32_request
 
 # datatype -> (TensorFlow dtype, example values): the echo model takes one input of each and returns it
 TYPED = {
@@ -48,16 +51,6 @@ def export_echo(path, types):
             return {f"{spec.name}_out": tf.identity(arg) for spec, arg in zip(specs, args, strict=True)}
 
     module = Echo()
-    tf.saved_model.save(module, str(path / "1"), signatures={"serving_default": module.serve})
-
-
-def export_strings(path):
-    class Strings(tf.Module):
-        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
-        def serve(self, text):
-            return {"length": tf.strings.length(text), "upper": tf.strings.upper(text)}
-
-    module = Strings()
     tf.saved_model.save(module, str(path / "1"), signatures={"serving_default": module.serve})
 
 
@@ -113,13 +106,6 @@ def tf_run(path, version_dir, **inputs):
     loaded = tf.saved_model.load(str(path / version_dir))
     outputs = loaded.signatures["serving_default"](**{k: tf.constant(v) for k, v in inputs.items()})
     return {k: v.numpy() for k, v in outputs.items()}
-
-
-def infer_input(name, array, datatype=None):
-    datatype = datatype or triton.np_to_triton_dtype(array.dtype)
-    tensor = triton.InferInput(name, list(array.shape), datatype)
-    tensor.set_data_from_numpy(array)  # BF16 as ml_dtypes.bfloat16, as tritonclient takes it since r26.06
-    return tensor
 
 
 def rpc_error(call, *args, **kwargs) -> grpc.RpcError:
@@ -297,16 +283,6 @@ def test_reflection_lists_the_service(served):
 
 
 # -- malformed requests --------------------------------------------------------------------------------
-
-
-def fp32_request(model="tf1", name="x", values=(1.0,), shape=(1, 1), raw=False, datatype="FP32"):
-    request = service_pb2.ModelInferRequest(model_name=model)
-    tensor = request.inputs.add(name=name, datatype=datatype, shape=shape)
-    if raw:
-        request.raw_input_contents.append(np.array(values, np.float32).tobytes())
-    else:
-        tensor.contents.fp32_contents.extend(values)
-    return request
 
 
 def _both(request):

@@ -21,13 +21,12 @@ from tritonclient.utils import InferenceServerException
 
 from tests.conftest import HALF_PLUS_TWO_TF1
 from tests.integration.daemon import Daemon, metric
-from tests.integration.test_rest import string_model  # noqa: F401  (the session fixture, shared)
 
 LIMIT = 8 << 20  # --max_message_bytes of the daemon under test: JSON up to a quarter of it, 2 MiB
 
 
 @pytest.fixture(scope="module")
-def daemon(tmp_path_factory, mlp_model, string_model):  # noqa: F811
+def daemon(tmp_path_factory, mlp_model, string_model):
     config = tmp_path_factory.mktemp("config") / "models.config"
     config.write_text(
         "model_config_list {\n"

@@ -13,29 +13,12 @@ import urllib.error
 import urllib.request
 
 import pytest
-import tensorflow as tf
 
 from tests.conftest import EXPECTED, HALF_PLUS_TWO_TF1, HALF_PLUS_TWO_TF2, TESTDATA
 from tests.integration.daemon import Daemon, metric
 
 TWO_VERSIONS = TESTDATA / "saved_model_half_plus_two_2_versions"
 LIMIT = 1 << 20  # --max_message_bytes of the daemon under test
-
-
-@pytest.fixture(scope="session")
-def string_model(tmp_path_factory):
-    """A model with a DT_STRING input: ``upper`` (text) and ``echo_bytes`` (the same bytes, alias ending in _bytes,
-    so TensorFlow Serving's REST writes it base64) and ``length`` (int32)."""
-
-    class Strings(tf.Module):
-        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
-        def serve(self, text):
-            return {"upper": tf.strings.upper(text), "echo_bytes": text, "length": tf.strings.length(text)}
-
-    base = tmp_path_factory.mktemp("strings")
-    module = Strings()
-    tf.saved_model.save(module, str(base / "1"), signatures={"serving_default": module.serve})
-    return base
 
 
 @pytest.fixture(scope="module")

@@ -20,3 +20,13 @@ def raw_request(arrays: dict[str, np.ndarray]) -> Request:
         request.inputs.append(infer_input._get_tensor())
         request.raw_input_contents.append(infer_input._get_content())
     return request
+
+
+def fp32_request(model="tf1", name="x", values=(1.0,), shape=(1, 1), raw=False, datatype="FP32"):
+    request = service_pb2.ModelInferRequest(model_name=model)
+    tensor = request.inputs.add(name=name, datatype=datatype, shape=shape)
+    if raw:
+        request.raw_input_contents.append(np.array(values, np.float32).tobytes())
+    else:
+        tensor.contents.fp32_contents.extend(values)
+    return request
