@@ -66,3 +66,24 @@ def test_max_queued_bytes_default_flag_and_negative(capsys):
     with pytest.raises(SystemExit):
         parse_settings(["--max_queued_bytes=-1"])
     assert "--max_queued_bytes must be 0 (no bound) or more, got -1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flags", "second", "first"),
+    [
+        (["--port=9000", "--metrics_port=9000"], "--metrics_port", "--port"),
+        (["--rest_api_port=9001", "--metrics_port=9001"], "--metrics_port", "--rest_api_port"),
+        (["--port=9002", "--admin_port=9002"], "--admin_port", "--port"),
+    ],
+)
+def test_two_of_servexs_own_ports_on_one_number_are_refused_naming_both(flags, second, first, capsys):
+    with pytest.raises(SystemExit) as info:
+        parse_settings(flags)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"{second}=" in err and f"is also {first}'s port" in err and "bind port" in err
+
+
+def test_ports_turned_off_never_clash():
+    settings = parse_settings(["--rest_api_port=0", "--metrics_port=0"]).settings
+    assert (settings.rest_api_port, settings.metrics_port) == (0, 0)
