@@ -4,12 +4,11 @@ its ports between their release and its bind (``cannot bind``), and the helper s
 from __future__ import annotations
 
 import socket
-import sys
 
 import pytest
 
 from tests.support import daemon as daemon_module
-from tests.support.daemon import Daemon, run_to_exit, wait_for
+from tests.support.daemon import DAEMON_PYTHON, Daemon, run_to_exit, wait_for
 
 
 @pytest.fixture
@@ -83,7 +82,7 @@ def first(tmp_path):
 def test_the_next_daemon_runs_in_the_spare_started_for_it(first, tmp_path):
     second = Daemon([], tmp_path, spare=True)  # in the test's own phase: the environment differs in that alone
     try:
-        assert second.proc.args[:2] == [sys.executable, "-c"]  # the spare, not a fresh `python -m servex.server`
+        assert second.proc.args[:2] == [DAEMON_PYTHON, "-c"]  # the spare, not a fresh `python -m servex.server`
         second.wait_serving()
         first.wait_serving()
         wait_for(lambda: "servex ready" in second.log(), what="servex ready in the log")

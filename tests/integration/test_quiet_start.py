@@ -7,10 +7,10 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 import time
 
 from tests.conftest import REPO
+from tests.support.daemon import DAEMON_PYTHON
 from tests.support.ports import free_port
 
 READY_S = 120
@@ -23,7 +23,7 @@ def _start(tmp_path, env: dict[str, str]) -> list[str]:
     log = tmp_path / "servex.log"
     with open(log, "wb") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "servex.server", f"--port={port}", f"--metrics_port={metrics}",
+            [DAEMON_PYTHON, "-m", "servex.server", f"--port={port}", f"--metrics_port={metrics}",
              "--rest_api_port=0", "--bind_address=127.0.0.1"],
             cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
     try:

@@ -9,6 +9,10 @@ TensorFlow with them, as servex's own start would, and waits for its flags; it t
 ``python -m`` runs it (``runpy``), with the test process's environment of that moment, in the project root. So the
 import of the next daemon runs while the tests run on the current one. Tests of the start itself (signals during
 the import, process groups, what a start prints) use fresh processes: ``Daemon``'s default, and ``run_to_exit``.
+
+Daemons run on ``DAEMON_PYTHON``: the test's own Python, or the one ``SERVEX_TEST_DAEMON_PYTHON`` names (CI's
+second pass runs every daemon on an environment with the oldest protobuf and grpcio servex admits, while the test
+process keeps the clients' own).
 """
 
 from __future__ import annotations
@@ -58,8 +62,11 @@ def port_clash(output: str, ports) -> bool:
     return any(int(m.group(1)) in set(ports) for m in _CANNOT_BIND.finditer(output))
 
 
+DAEMON_PYTHON = os.environ.get("SERVEX_TEST_DAEMON_PYTHON") or sys.executable
+
+
 def _servex(ports: dict[str, int], args: list[str]) -> list[str]:
-    return [sys.executable, "-m", "servex.server", *(f"{flag}={port}" for flag, port in ports.items()),
+    return [DAEMON_PYTHON, "-m", "servex.server", *(f"{flag}={port}" for flag, port in ports.items()),
             "--bind_address=127.0.0.1", *args]  # fmt: skip
 
 
@@ -122,7 +129,7 @@ class _Spare:
         fd, name = tempfile.mkstemp(prefix="import-", suffix=".log", dir=_Spare.folder)
         self.imported = Path(name)
         self.env = _import_environment()
-        self.proc = subprocess.Popen([sys.executable, "-c", _SPARE, name], cwd=REPO, stdin=subprocess.PIPE, stdout=fd,
+        self.proc = subprocess.Popen([DAEMON_PYTHON, "-c", _SPARE, name], cwd=REPO, stdin=subprocess.PIPE, stdout=fd,
                                      stderr=subprocess.STDOUT, env=_environment())  # fmt: skip
         os.close(fd)
 
