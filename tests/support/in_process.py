@@ -36,12 +36,45 @@ def serving_core(name: str = "hp", path=HALF_PLUS_TWO_TF1) -> Iterator:
 
 
 @contextlib.contextmanager
-def aio_server(add_services: Callable[[grpc.aio.Server], None]) -> Iterator[grpc.Channel]:
-    """A grpc.aio server on 127.0.0.1 (a free port) with the services ``add_services`` adds, run on its own
-    thread's event loop; yields a channel to it."""
+def _loop_thread() -> Iterator[asyncio.AbstractEventLoop]:
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
+    try:
+        yield loop
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(30)
+
+
+@contextlib.contextmanager
+def rest_server(core, *add_routes) -> Iterator[str]:
+    """servex's REST server (aiohttp) over ``core`` with these protocols' routes, on 127.0.0.1 and its own thread's
+    event loop; yields its base URL."""
+    from servex.server.transport.http import RestServer
+    from tests.support.ports import free_port
+
+    port = free_port()
+    with _loop_thread() as loop:
+        server = RestServer(core, port, "127.0.0.1", 1 << 20, 30.0, 0.0, routes=add_routes)
+        asyncio.run_coroutine_threadsafe(server.start(), loop).result(30)
+        try:
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            asyncio.run_coroutine_threadsafe(server.stop(), loop).result(30)
+
+
+@contextlib.contextmanager
+def aio_server(add_services: Callable[[grpc.aio.Server], None]) -> Iterator[grpc.Channel]:
+    """A grpc.aio server on 127.0.0.1 (a free port) with the services ``add_services`` adds, run on its own
+    thread's event loop; yields a channel to it."""
+    with _loop_thread() as loop:
+        with _serving(add_services, loop) as channel:
+            yield channel
+
+
+@contextlib.contextmanager
+def _serving(add_services, loop) -> Iterator[grpc.Channel]:
 
     async def start() -> tuple[grpc.aio.Server, int]:
         server = grpc.aio.server()
@@ -57,5 +90,3 @@ def aio_server(add_services: Callable[[grpc.aio.Server], None]) -> Iterator[grpc
     finally:
         channel.close()
         asyncio.run_coroutine_threadsafe(server.stop(0), loop).result(30)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(30)
