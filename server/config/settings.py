@@ -365,8 +365,9 @@ class ServerSettings:
     device: str = flag(
         "cpu",
         TENSORFLOW,
-        "device inputs are transferred to: cpu, gpu:N (needs CuPy and CUDA: pip install 'servex[gpu]'; "
-        "exits 1 at start without them), or auto (gpu:0 when usable, else cpu, logged)",
+        "device inputs are transferred to: cpu (sessions then see no GPU, and CUDA is never initialised), gpu:N "
+        "(needs CuPy and CUDA: pip install 'servex[gpu]'; exits 1 at start without them), or auto (gpu:0 when "
+        "usable, else cpu, logged)",
     )
     tensor_content_outputs: bool = flag(
         False,
