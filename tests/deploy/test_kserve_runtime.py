@@ -2,7 +2,8 @@
 against KServe's own CRD schemas (../shared/kserve-crds, KServe's config/crd/full: the OpenAPI v3 schema of each
 kind, checked with jsonschema, and no field the schema does not define); the runtime's command and args are
 servex's own flags; and servex started with that command and those args serves the model KServe mounts at
-/mnt/models, over TensorFlow Serving's REST API and KServe v2 REST, with the runtime's probes answering."""
+/mnt/models, over TensorFlow Serving's REST API and KServe v2 REST, with the runtime's probes answering, to KServe's
+own Python clients (InferenceRESTClient over v1 and v2, InferenceGRPCClient)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import sysconfig
 import time
 import urllib.error
 import urllib.request
@@ -195,7 +197,7 @@ def pod(container, tmp_path_factory):
             assert process.poll() is None, f"servex exited: {log.read_text()[-3000:]}"
             assert time.monotonic() < deadline, f"not ready in {START_S} s: {log.read_text()[-3000:]}"
             time.sleep(0.3)
-        yield rest, container
+        yield rest, container, f"127.0.0.1:{ports['--port']}"
     finally:
         process.terminate()
         process.wait(30)
@@ -204,13 +206,13 @@ def pod(container, tmp_path_factory):
 
 
 def test_the_runtimes_probes_answer_from_servex(pod):
-    rest, container = pod
+    rest, container, _ = pod
     for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
         assert _call(rest + container[probe]["httpGet"]["path"])[0] == 200
 
 
 def test_the_runtime_serves_the_mounted_model_over_v1_and_v2(pod):
-    rest, _ = pod
+    rest, _, _ = pod
     status, answer = _call(f"{rest}/v1/models/flowers:predict", {"instances": [1.0, 2.0]})
     assert (status, answer) == (200, {"predictions": [2.5, 3.0]})
     request = {"inputs": [{"name": "x", "shape": [2, 1], "datatype": "FP32", "data": [1.0, 2.0]}]}
@@ -220,3 +222,51 @@ def test_the_runtime_serves_the_mounted_model_over_v1_and_v2(pod):
     assert output["data"] == [2.5, 3.0] and output["shape"] == [2, 1]
     status, metadata = _call(f"{rest}/v2/models/flowers")
     assert status == 200 and metadata["versions"] == ["123"]
+
+
+_KSERVE_CLIENTS = """
+import asyncio, json, sys
+from kserve import InferenceRESTClient, InferInput, InferRequest, RESTConfig
+from kserve.inference_client import InferenceGRPCClient
+
+async def main(rest, address):
+    out = {}
+    v1 = InferenceRESTClient(RESTConfig(protocol="v1"))
+    out["v1"] = (await v1.infer(rest, {"instances": [1.0, 2.0]}, model_name="flowers"))["predictions"]
+    v2 = InferenceRESTClient(RESTConfig(protocol="v2"))
+    out["v2_ready"] = await v2.is_model_ready(rest, "flowers")
+    request = InferRequest(model_name="flowers", infer_inputs=[InferInput("x", [2, 1], "FP32", [1.0, 2.0])])
+    out["v2"] = (await v2.infer(rest, request, model_name="flowers")).outputs[0].as_numpy().ravel().tolist()
+    grpc_client = InferenceGRPCClient(address)
+    out["grpc_ready"] = await grpc_client.is_model_ready("flowers")
+    request = InferRequest(model_name="flowers", infer_inputs=[InferInput("x", [2, 1], "FP32", [1.0, 2.0])])
+    out["grpc"] = (await grpc_client.infer(request)).outputs[0].as_numpy().ravel().tolist()
+    print(json.dumps(out))
+
+asyncio.run(main(sys.argv[1], sys.argv[2]))
+"""
+
+
+@pytest.fixture(scope="module")
+def kserve_python(tmp_path_factory) -> str:
+    """A Python with KServe's package (which needs protobuf < 7) in an environment of its own, layered over the test
+    one for everything else."""
+    venv = tmp_path_factory.mktemp("kserve") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    layer = f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})\n"
+    (Path(site) / "zz_test_environment.pth").write_text(layer)
+    done = subprocess.run([python, "-m", "pip", "install", "-q", "kserve"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return python
+
+
+def test_kserves_own_clients_are_served_by_the_runtime(pod, kserve_python, tmp_path):
+    rest, _, address = pod
+    done = subprocess.run([kserve_python, "-c", _KSERVE_CLIENTS, rest, address], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    answers = json.loads(done.stdout.strip().splitlines()[-1])
+    assert answers == {"v1": [2.5, 3.0], "v2_ready": True, "v2": [2.5, 3.0], "grpc_ready": True, "grpc": [2.5, 3.0]}
