@@ -127,6 +127,7 @@ def test_a_busy_port_exits_1_with_a_clear_error(flag, port_name):
         out = run_to_exit([f"{flag}={port}", f"--model_base_path={HALF_PLUS_TWO_TF1}"])
     assert out.returncode == 1, out.stderr
     assert f"cannot bind {port_name} to 127.0.0.1:{port}" in out.stderr and "in use" in out.stderr
+    assert f"({flag})" in out.stderr  # the flag to change is named
     assert "Traceback" not in out.stderr and "Event loop is closed" not in out.stderr
 
 
