@@ -8,6 +8,7 @@ import asyncio
 import errno
 import functools
 import logging
+import socket
 from pathlib import Path
 
 import grpc
@@ -49,6 +50,16 @@ def port_clash(flag: str, what: str, address: str, port: int, error: BaseExcepti
     return (f"{text}. Another process holds port {port}: if it is another servex, give this one its own {flag} "
             f"(each of --port, --rest_api_port, --metrics_port and --admin_port must be free; 0 turns REST, "
             f"metrics and admin off)")  # fmt: skip
+
+
+def _in_use(host: str, port: int) -> OSError | None:
+    """The error binding ``host:port`` gives when another socket holds it (EADDRINUSE), else None."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        try:
+            probe.bind((host, port))
+        except OSError as e:
+            return e if e.errno == errno.EADDRINUSE else None
+    return None
 
 
 def grpc_options(settings: ServerSettings) -> list[tuple[str, object]]:
@@ -120,9 +131,12 @@ def start_admin_server(
     try:
         bound = bind(server, address, certificates)
     except RuntimeError as e:  # grpcio raises where it cannot bind (older versions returned 0)
-        raise OSError(f"cannot bind the admin port to {address} (--admin_port): {e}") from None
-    if bound == 0:
-        raise OSError(f"cannot bind the admin port to {address} (--admin_port)")
+        bound, error = 0, e
+    else:
+        error = RuntimeError("gRPC could not bind it")
+    if bound == 0:  # some grpcio versions say only "Failed to bind": whether the port is taken is asked here
+        host, port = settings.admin_bind_address, settings.admin_port
+        raise OSError(port_clash("--admin_port", "the admin port", host, port, _in_use(host, port) or error))
     log.info("admin API on %s (%s%s)", address, "bearer token required" if interceptors else "loopback only",
              ", TLS" if settings.grpc_tls else "")  # fmt: skip
     return server
