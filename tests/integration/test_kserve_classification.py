@@ -13,7 +13,7 @@ import tritonclient.http as httpclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from tests.integration.daemon import Daemon
+from tests.support.daemon import Daemon
 
 X = np.array([[0.1, 0.7, 0.2, 0.9], [0.5, 0.4, 0.3, 0.2]], np.float32)
 TOP2 = [[b"0.900000:3", b"0.700000:1"], [b"0.500000:0", b"0.400000:1"]]

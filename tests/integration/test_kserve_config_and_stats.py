@@ -24,7 +24,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.conftest import COUNTER, HALF_PLUS_TWO_TF2, TESTDATA
 from tests.integration.conftest import export_sum
-from tests.integration.daemon import Daemon
+from tests.support.daemon import Daemon
 from tests.support.models import export_strings
 
 TWO_VERSIONS = TESTDATA / "saved_model_half_plus_two_2_versions"

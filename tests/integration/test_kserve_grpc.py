@@ -16,8 +16,8 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException, deserialize_bytes_tensor, triton_to_np_dtype
 
 from tests.conftest import HALF_PLUS_TWO_TF1, HALF_PLUS_TWO_TF2
-from tests.integration.daemon import free_port, metric, model_config_file
 from tests.support.clients import infer_input
+from tests.support.daemon import free_port, metric, model_config_file
 from tests.support.models import export_strings
 from tests.support.v2_requests import fp32_request
 

@@ -14,8 +14,8 @@ from tritonclient.utils import InferenceServerException
 
 from tests.conftest import HALF_PLUS_TWO_TF1
 from tests.integration import test_kserve_grpc as kserve_grpc
-from tests.integration.daemon import metric, model_config_file
 from tests.support.clients import infer_input
+from tests.support.daemon import metric, model_config_file
 from tests.support.v2_requests import fp32_request
 
 # test_kserve_grpc.py's daemon and clients (this module starts its own)

@@ -20,7 +20,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.conftest import HALF_PLUS_TWO_TF1
-from tests.integration.daemon import Daemon, metric
+from tests.support.daemon import Daemon, metric
 
 LIMIT = 8 << 20  # --max_message_bytes of the daemon under test: JSON up to a quarter of it, 2 MiB
 

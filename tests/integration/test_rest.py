@@ -15,7 +15,7 @@ import urllib.request
 import pytest
 
 from tests.conftest import EXPECTED, HALF_PLUS_TWO_TF1, HALF_PLUS_TWO_TF2, TESTDATA
-from tests.integration.daemon import Daemon, metric
+from tests.support.daemon import Daemon, metric
 
 TWO_VERSIONS = TESTDATA / "saved_model_half_plus_two_2_versions"
 LIMIT = 1 << 20  # --max_message_bytes of the daemon under test

@@ -18,7 +18,7 @@ import pytest
 import tensorflow as tf
 
 from tests.conftest import COUNTER, HALF_PLUS_TWO_TF1
-from tests.integration.daemon import Daemon, metric, model_config_file
+from tests.support.daemon import Daemon, metric, model_config_file
 
 
 @pytest.fixture(scope="session")

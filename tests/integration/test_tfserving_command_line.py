@@ -16,7 +16,7 @@ import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 from tests.conftest import HALF_PLUS_TWO_TF1
-from tests.integration.daemon import metric, run_to_exit
+from tests.support.daemon import metric, run_to_exit
 
 METADATA_LIMIT = 4096  # the gRPC port's hard limit on a call's metadata, set through --grpc_channel_arguments
 

@@ -22,7 +22,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from tests.integration.conftest import export_sum
-from tests.integration.daemon import Daemon, free_port, run_to_exit
+from tests.support.daemon import Daemon, free_port, run_to_exit
 
 BATCHED_CONFIG = """
 name: "batched"

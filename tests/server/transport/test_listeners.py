@@ -10,7 +10,7 @@ import pytest
 from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
 
 from servex.server.transport.listeners import ListenerGroup
-from tests.integration.daemon import listening_sockets
+from tests.support.daemon import listening_sockets
 
 SERVICE = "servex.test.Echo"
 
