@@ -35,7 +35,7 @@ import tensorflow as tf  # noqa: E402
 from tensorflow.core.framework import tensor_pb2, types_pb2  # noqa: E402
 from tensorflow_serving.apis import predict_pb2, prediction_log_pb2, prediction_service_pb2_grpc  # noqa: E402
 
-from tests.integration.daemon import free_port  # noqa: E402
+from tests.support.daemon import free_port  # noqa: E402
 
 
 def request(model: str, signature: str, alias: str, value: np.ndarray, dtype: int) -> predict_pb2.PredictRequest:

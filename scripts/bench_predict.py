@@ -37,7 +37,7 @@ from h2grpc import run as h2load_run  # noqa: E402
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc  # noqa: E402
 
 from scripts.wide_mlp import export_wide_mlp  # noqa: E402
-from tests.integration.daemon import Daemon  # noqa: E402
+from tests.support.daemon import Daemon  # noqa: E402
 
 
 class _Https:

@@ -28,7 +28,7 @@ import tensorflow as tf  # noqa: E402
 import tritonclient.grpc as triton  # noqa: E402
 import tritonclient.utils.shared_memory as shm  # noqa: E402
 
-from tests.integration.daemon import Daemon  # noqa: E402
+from tests.support.daemon import Daemon  # noqa: E402
 
 
 def export_total(path: Path) -> None:

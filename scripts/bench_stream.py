@@ -28,7 +28,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 from tritonclient.grpc import service_pb2, service_pb2_grpc  # noqa: E402
 
-from tests.integration.daemon import Daemon, metric  # noqa: E402
+from tests.support.daemon import Daemon, metric  # noqa: E402
 
 KIT = REPO.parent / "shared" / "bench" / "make_models.py"
 

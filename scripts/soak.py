@@ -57,7 +57,7 @@ from tensorflow_serving.config import model_server_config_pb2  # noqa: E402
 from tritonclient.grpc import service_pb2, service_pb2_grpc  # noqa: E402
 
 from tests.conftest import HALF_PLUS_TWO_TF1  # noqa: E402
-from tests.integration.daemon import Daemon, model_config_file  # noqa: E402
+from tests.support.daemon import Daemon, model_config_file  # noqa: E402
 
 OK, INVALID, NOT_FOUND = grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND
 
