@@ -8,7 +8,6 @@ import ast
 import configparser
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
+from tests.support.ports import free_port
 
 PARTS = ("server", "executor", "loader", "transfer", "protos")
 HALF_PLUS_TWO = REPO.parent / "shared" / "models" / "tensorflow_serving_testdata" / "saved_model_half_plus_two_cpu"
@@ -143,17 +143,6 @@ print(json.dumps({"y": answer.as_numpy("y").ravel().tolist(), "protobuf": google
 """
 
 
-def _ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
 @pytest.mark.integration  # starts the servex daemon (its own Popen: tests/conftest.py cannot tell)
 def test_tritonclient_installs_beside_servex_and_serves_through_its_grpc_client(wheel, tmp_path):
     """``pip install servex 'tritonclient[grpc,http]'`` into one environment: tritonclient's gRPC extra needs
@@ -169,7 +158,7 @@ def test_tritonclient_installs_beside_servex_and_serves_through_its_grpc_client(
     done = subprocess.run([str(python), "-m", "pip", "install", "-q", str(wheel), "tritonclient[grpc,http]"],
                           capture_output=True, text=True)  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    port, metrics = _ports(2)
+    port, metrics = free_port(), free_port()
     log = tmp_path / "servex.log"
     with open(log, "wb") as out:
         daemon = subprocess.Popen(

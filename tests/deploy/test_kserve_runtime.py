@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -24,6 +23,7 @@ import yaml
 
 from tests.conftest import REPO
 from tests.deploy.conftest import DEPLOY
+from tests.support.ports import free_port
 
 KSERVE = DEPLOY / "kserve"
 CRDS = REPO.parent / "shared" / "kserve-crds"
@@ -134,18 +134,6 @@ def test_the_runtime_runs_as_non_root_with_resources(container):
     assert {"cpu", "memory"} <= set(container["resources"]["requests"]) <= set(container["resources"]["limits"])
 
 
-def _free_ports(count: int) -> list[int]:
-    """``count`` different free ports, the sockets held until all are chosen."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
 def _call(url: str, body: dict | None = None) -> tuple[int, dict]:
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
@@ -179,7 +167,7 @@ def pod(container, tmp_path_factory):
     """servex started with the runtime container's command and args as KServe starts it in the pod, {{.Name}}
     filled in, the model at /mnt/models (see _mount_models); the ports moved to free ones (a pod has its own)."""
     models, made = _mount_models(tmp_path_factory)
-    ports = dict(zip(("--port", "--rest_api_port", "--metrics_port"), _free_ports(3), strict=True))
+    ports = dict(zip(("--port", "--rest_api_port", "--metrics_port"), (free_port() for _ in range(3)), strict=True))
     args = []
     for arg in container["args"]:
         flag = arg.split("=", 1)[0]

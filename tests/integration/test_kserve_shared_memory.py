@@ -14,6 +14,8 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
+from tests.support.clients import expect_inference_error as expect_error
+
 X = np.arange(6, dtype=np.float32).reshape(2, 3)
 
 
@@ -124,16 +126,6 @@ def test_bad_regions_keys_and_sizes_are_refused_naming_them(daemon, regions, pro
     finally:
         client.unregister_system_shared_memory()
         client.close()
-
-
-def expect_error(call, protocol: str, status: str, http_status: int, words: str) -> None:
-    with pytest.raises(InferenceServerException) as info:
-        call()
-    if protocol == "grpc":
-        assert info.value.status() == f"StatusCode.{status}", info.value
-    else:
-        assert info.value.status() == str(http_status), info.value
-    assert words in info.value.message(), info.value.message()
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
