@@ -24,7 +24,7 @@ import numpy as np
 from servex.executor.answers import Held
 from servex.executor.batching import BatchingOptions, PaddedBatch, batch_rows, pad_to_common_shape
 from servex.executor.cost_model import VERIFY_REQUESTS, answers_agree
-from servex.executor.work import WorkItem
+from servex.executor.work import WorkItem, trace_batch, trace_run
 from servex.loader.errors import ServingError
 
 log = logging.getLogger("servex.executor.run_handler")
@@ -117,6 +117,7 @@ class BatchRuns:
             return
         if cost is not None:
             cost.observe(total, seconds)
+        trace_batch(batch, started, started + seconds, size)
         self._metrics_for(first.ticket).stats.ran(len(batch), total, seconds)  # one graph: one model version
         offset = 0
         for item, n in zip(batch, rows, strict=True):
@@ -153,9 +154,12 @@ class BatchRuns:
             result, ok = executor.run(item.feeds, fetches, (), "", pin), True
         except BaseException as e:
             result, ok = e, False
-        seconds = time.monotonic() - started
+        ended = time.monotonic()
+        seconds = ended - started
         if ok and item.cost is not None:
             item.cost.observe(item.rows, seconds)
+        if item.ticket.trace is not None:
+            trace_run(item, started, ended, item.rows)
         metrics = self._metrics_for(item.ticket)
         metrics.run_seconds.observe(seconds)
         metrics.stats.ran(1, item.rows, seconds)

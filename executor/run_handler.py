@@ -37,6 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
+from servex.executor import work
 from servex.executor.answers import Held, Outbox
 from servex.executor.batch_runs import BatchRuns
 from servex.executor.batching import BatchingOptions
@@ -469,9 +470,12 @@ class RunHandler(BatchRuns):
                     result, ok = item.fn(*item.args), True
                 except BaseException as e:  # handed to the caller, which decides what it means
                     result, ok = e, False
-                seconds = time.monotonic() - started
+                ended = time.monotonic()
+                seconds = ended - started
                 kind.run_seconds.observe(seconds)
                 kind.stats.ran(1, 1, seconds)
+                if item.ticket.trace is not None:
+                    work.trace_run(item, started, ended)
                 held.add(item.outbox, item.future, ok, result)
                 self._finished(item)
             else:

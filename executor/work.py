@@ -10,6 +10,7 @@ from typing import NamedTuple
 from servex.executor.answers import Outbox
 from servex.executor.batching import string_bytes
 from servex.executor.cost_model import GraphCost
+from servex.executor.graph_executor import client_graph_key, last_transfer
 from servex.loader.errors import ServingError
 
 
@@ -27,6 +28,9 @@ class Ticket(NamedTuple):
     # Called once when the request leaves the scheduler: after its run, or when it is dropped, expired or refused.
     # The core releases the version's lease here, so a cancelled caller never unloads a version under a run.
     done: Callable[[], None] | None = None
+    # A traced request's RequestTrace (server/observability/tracing.py): the run handler adds its queue, batch and
+    # run spans to it (``add(name, start, end, attributes, link)``, ``batch(start, end, size, requests)``).
+    trace: object = None
 
 
 DEFAULT_TICKET = Ticket()
@@ -70,6 +74,39 @@ class GraphCosts:
     def __init__(self):
         self.graphs: dict[tuple, GraphCost] = {}
         self.labels: set[tuple[str, str, str]] = set()
+
+
+def trace_run(item: WorkItem, started: float, ended: float, size: int = 1, requests: int = 1, link=None) -> None:
+    """A traced request's ``queue`` and ``run`` spans (and ``batch``, linked to the batch's span, when it ran with
+    others): the run's client graph key and graph name, and whether the graph was built for it or found."""
+    trace = item.ticket.trace
+    trace.add("queue", item.enqueued, started)
+    if link is not None or requests > 1:
+        trace.add("batch", started, ended, {"servex.batch.size": size, "servex.batch.requests": requests}, link)
+    if item.batch_key is not None:  # (executor, fetches, pin, batching)
+        feeds, fetches, targets, graph_name = item.feeds, item.args[1], (), ""
+    elif len(item.args) >= 4 and isinstance(item.args[0], dict):  # executor.run(feeds, fetches, targets, name, ...)
+        feeds, fetches, targets, graph_name = item.args[:4]
+    else:
+        feeds, fetches, targets, graph_name = (), (), (), ""
+    transfer = last_transfer()  # this worker thread's run's
+    if transfer is not None and started <= transfer[0] <= ended:
+        trace.add("transfer", *transfer)
+    built = any(span[0] == "build" for span in trace.spans)
+    attributes = {"servex.client_graph": client_graph_key(tuple(feeds), fetches, targets),
+                  "servex.graph_name": graph_name, "servex.client_graph.cache": "build" if built else "hit",
+                  "servex.batch.size": size}  # fmt: skip
+    trace.add("run", started, ended, attributes)
+
+
+def trace_batch(batch: list[WorkItem], started: float, ended: float, size: int) -> None:
+    """The spans of a batch's traced requests: the batch's own span once, linked from each."""
+    traced = [item for item in batch if item.ticket.trace is not None]
+    if not traced:
+        return
+    link = traced[0].ticket.trace.batch(started, ended, size, len(batch))
+    for item in traced:
+        trace_run(item, started, ended, size, len(batch), link)
 
 
 def saturated(item: WorkItem) -> bool:

@@ -1,7 +1,8 @@
 """Model configuration in TensorFlow Serving's text format (ModelServerConfig, read with protobuf's text_format).
 
 ``${NAME}`` in the file is replaced by the environment variable NAME (TensorFlow Serving's own test configs are
-written that way); an unset variable is an error naming it. Only ``model_config_list`` is supported.
+written that way); an unset variable is an error naming it. Only ``model_config_list`` is supported. A model's
+``logging_config`` becomes its LoggingSpec (the request logs that server/observability/request_log.py writes).
 """
 
 from __future__ import annotations
@@ -43,6 +44,23 @@ class VersionPolicy:
         return f"specific {sorted(self.versions)}"
 
 
+# The log collectors servex has (LogCollectorConfig.type): TensorFlow Serving finds its collector by this name in a
+# registry of factories and refuses a name none registered; servex has one, TFRecord files of PredictionLog records.
+LOG_COLLECTOR_TYPES = ("tfrecord",)
+
+
+@dataclass(frozen=True)
+class LoggingSpec:
+    """A model's request logging (TensorFlow Serving's ``logging_config``): the sampled calls' PredictionLog
+    records, written to TFRecord files named from ``filename_prefix`` (made absolute)."""
+
+    filename_prefix: str
+    sampling_rate: float
+    collector_type: str = "tfrecord"
+    # The SamplingConfig as configured, serialized: each record's LogMetadata carries it, as TensorFlow Serving's do
+    sampling_config: bytes = b""
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
@@ -54,6 +72,8 @@ class ModelSpec:
     model_file: str = ""
     # A Triton model repository's config.pbtxt (inference.ModelConfig), or None (loader/model_repository.py)
     triton_config: object | None = None
+    # The model's logging_config (None: its calls are not logged)
+    logging: LoggingSpec | None = None
 
 
 def _policy(config: model_server_config_pb2.ModelConfig, where: str) -> VersionPolicy:
@@ -68,6 +88,48 @@ def _policy(config: model_server_config_pb2.ModelConfig, where: str) -> VersionP
     if not versions:
         raise InvalidArgument(f"{where}: model_version_policy specific lists no versions")
     return VersionPolicy("specific", versions=versions)
+
+
+def _logging(config: model_server_config_pb2.ModelConfig, where: str) -> LoggingSpec | None:
+    """The model's LoggingSpec, None without a logging_config; InvalidArgument naming the field that is wrong."""
+    if not config.HasField("logging_config"):
+        return None
+    logging_config = config.logging_config
+    where = f"{where}: logging_config"
+    collector = logging_config.log_collector_config
+    if collector.type not in LOG_COLLECTOR_TYPES:
+        raise InvalidArgument(
+            f"{where}.log_collector_config.type {collector.type!r} is not a log collector servex has; set "
+            f"type: {LOG_COLLECTOR_TYPES[0]!r} (TFRecord files of PredictionLog records)"
+        )
+    given = collector.filename_prefix
+    if not given:
+        raise InvalidArgument(
+            f"{where}.log_collector_config.filename_prefix is empty: name where the log files go, e.g. "
+            f"'/var/log/servex/requests' (files /var/log/servex/requests-<pid>-<n>.tfrecord)"
+        )
+    prefix = os.path.abspath(given)
+    folder = os.path.dirname(prefix)
+    if given.endswith(("/", os.sep)) or os.path.isdir(prefix):
+        raise InvalidArgument(
+            f"{where}.log_collector_config.filename_prefix {given!r} names a directory: end it with the start of "
+            f"the files' names, e.g. {os.path.join(prefix, 'requests')!r}"
+        )
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK | os.X_OK):
+        problem = "is not a directory servex can write to" if os.path.isdir(folder) else "does not exist"
+        raise InvalidArgument(f"{where}.log_collector_config.filename_prefix {given!r}: directory {folder!r} {problem}")
+    sampling = logging_config.sampling_config
+    rate = sampling.sampling_rate
+    if not 0.0 <= rate <= 1.0:  # NaN too
+        raise InvalidArgument(f"{where}.sampling_config.sampling_rate {rate} is outside [0, 1]")
+    if sampling.per_task_sampling_configs:
+        raise InvalidArgument(
+            f"{where}.sampling_config.per_task_sampling_configs is not supported (servex has no datacenter or task "
+            f"index to match them with): set sampling_rate"
+        )
+    if logging_config.HasField("custom_logging_config"):
+        raise InvalidArgument(f"{where}.custom_logging_config is not supported: servex's logger takes no custom config")
+    return LoggingSpec(prefix, rate, collector.type, sampling.SerializeToString(deterministic=True))
 
 
 def specs_from_proto(
@@ -106,7 +168,7 @@ def specs_from_proto(
             stray = {label: v for label, v in labels.items() if v not in policy.versions}
             if stray:
                 raise InvalidArgument(f"{where}: version_labels {stray} name versions outside the specific policy")
-        specs.append(ModelSpec(model.name, model.base_path, policy, labels))
+        specs.append(ModelSpec(model.name, model.base_path, policy, labels, logging=_logging(model, where)))
     return specs
 
 

@@ -7,6 +7,8 @@ generated modules import each other through the installed package: ``from servex
 
 TensorFlow's .proto sources are not in its wheel, so the imports (tensorflow/core/framework/tensor.proto) are
 resolved from the descriptors compiled into the installed TensorFlow modules, passed to protoc as a descriptor set.
+TSL's (tsl/profiler/protobuf/...) are modules of TensorFlow's wheel under ``tensorflow.tsl``: the generated imports
+of them are written so, as TensorFlow's own generated modules write them.
 
 protoc is always GENERATOR's, from a virtual environment of its own (made on first use under
 ``~/.cache/servex/``): the gencode it writes (protobuf 6.31.1, grpcio 1.80.1) is what decides the oldest protobuf
@@ -16,7 +18,7 @@ and grpcio servex runs with, so it does not follow whatever grpcio-tools the cal
 from __future__ import annotations
 
 import os
-import shutil
+import re
 import subprocess
 import sys
 import tempfile
@@ -27,12 +29,15 @@ from google.protobuf import descriptor_pb2
 REPO = Path(__file__).resolve().parents[1]
 # Its protoc writes gencode for protobuf >= 6.31.1 and grpcio >= 1.80.1: pyproject.toml's lower bounds.
 GENERATOR = "grpcio-tools==1.80.1"
+# A generated import of a TSL module: TensorFlow's wheel has them as tensorflow.tsl.*, not as a top-level tsl.
+TSL_IMPORT = re.compile(r"^(from |import )tsl\.", re.MULTILINE)
 PROTOS = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "protos").rglob("*.proto"))
 
 
 def _dependency_set() -> descriptor_pb2.FileDescriptorSet:
     from tensorflow.core.framework import tensor_pb2, types_pb2
     from tensorflow.core.protobuf import config_pb2, named_tensor_pb2
+    from tensorflow.tsl.profiler.protobuf import profiler_options_pb2, xplane_pb2
 
     files, seen = [], set()
 
@@ -46,7 +51,7 @@ def _dependency_set() -> descriptor_pb2.FileDescriptorSet:
         file_descriptor.CopyToProto(proto)
         files.append(proto)
 
-    for module in (tensor_pb2, types_pb2, config_pb2, named_tensor_pb2):
+    for module in (tensor_pb2, types_pb2, config_pb2, named_tensor_pb2, profiler_options_pb2, xplane_pb2):
         add(module.DESCRIPTOR)
     return descriptor_pb2.FileDescriptorSet(file=files)
 
@@ -82,7 +87,7 @@ def generate(out_dir: Path) -> None:
         for module in (generated / "servex").rglob("*.py"):
             target = out_dir / module.relative_to(generated / "servex")
             target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(module, target)
+            target.write_text(TSL_IMPORT.sub(r"\1tensorflow.tsl.", module.read_text("utf-8")), "utf-8")
 
 
 if __name__ == "__main__":

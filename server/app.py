@@ -28,7 +28,9 @@ from servex.server.config.settings import ServerSettings
 from servex.server.core import ServingCore
 from servex.server.cores import usable_cores
 from servex.server.lifecycle import Lifecycle, initial_specs
+from servex.server.observability import tracing
 from servex.server.observability.metrics import model_load, register_triton_names, start_metrics_server, watch_loop_lag
+from servex.server.observability.trace_settings import parse_trace_config
 from servex.server.ports import Ports, add_grpc_services, grpc_options, port_clash
 from servex.server.protocols.kserve import v2_config
 from servex.server.protocols.kserve.dataplane import DataPlane
@@ -202,6 +204,7 @@ class Process:
 
     def __init__(self, settings: ServerSettings, loop: asyncio.AbstractEventLoop, batching):
         self.settings = settings
+        tracing.configure(parse_trace_config(settings.trace_config))  # checked by the CLI
         self.run_handler = make_run_handler(settings, batching)
         warmup = None
         if settings.enable_model_warmup:
@@ -284,6 +287,7 @@ class Process:
         await self.ports.close(self.settings.drain_seconds)
         # queued runs finish; the loop stays responsive
         await asyncio.get_running_loop().run_in_executor(None, self.run_handler.close)
+        await asyncio.get_running_loop().run_in_executor(None, tracing.TRACER.close)  # the last traces go out
         self.manager.unload_all()
         if self.metrics_server is not None:
             self.metrics_server.shutdown()

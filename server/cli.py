@@ -43,6 +43,7 @@ def parse_settings(argv: list[str] | None = None) -> Parsed:
     fail = parser.error
     notes = tfserving_flags.check_other_flags(args, fail)
     given = tfserving_flags.given_flags(parser, argv, triton_flags.DEFAULTS_REPLACED)
+    trace_config = _trace_config(args, fail)  # before Triton's flags: its trace flags need no model repository
     triton_flags.apply(args, set(given), fail, notes)
     derived = {"prefetch_variables": _prefetch_variables(args, fail)}
     derived["admin_port"] = args.admin_port or (8503 if args.admin_token_file else 0)
@@ -62,6 +63,7 @@ def parse_settings(argv: list[str] | None = None) -> Parsed:
     derived.update({**_models(args), **_batching(args, platform), **_triton(args)})
     derived["tensorflow_session_config"] = session_config.SerializeToString() if session_config is not None else b""
     derived["grpc_channel_arguments"] = tfserving_flags.channel_arguments(args.grpc_channel_arguments, fail, notes)
+    derived["trace_config"] = trace_config
     return Parsed(_settings(args, derived), args.log_level, tuple(notes))
 
 
@@ -69,6 +71,22 @@ def _settings(args: argparse.Namespace, derived: dict) -> ServerSettings:
     """ServerSettings: each field declaring a flag takes that flag's value, unless ``derived`` gives it."""
     values = {name: getattr(args, spec.destination) for name, spec in setting_flags(ServerSettings)}
     return ServerSettings(**{**values, **derived})
+
+
+def _trace_config(args: argparse.Namespace, fail) -> tuple[str, ...]:
+    """--trace_config's entries (Triton's deprecated --trace-level and the like turned into them), checked now so
+    that a mistake stops the command with the entry named."""
+    from servex.server.observability.trace_export import otlp_endpoint
+    from servex.server.observability.trace_settings import parse_trace_config
+
+    entries = tuple(args.trace_config) + triton_flags.trace_entries(args)
+    try:
+        config = parse_trace_config(entries)
+        if "url" in config.opentelemetry:
+            otlp_endpoint(config.opentelemetry["url"])
+    except ValueError as e:
+        fail(str(e))
+    return entries
 
 
 def _prefetch_variables(args: argparse.Namespace, fail) -> dict[str, tuple[str, ...]]:

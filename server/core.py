@@ -11,6 +11,7 @@ import asyncio
 import concurrent.futures
 import contextvars
 import functools
+import time
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -69,18 +70,46 @@ class Lease:
 
 class RequestInfo:
     """What the protocol adapter knows of the current call (its priority and deadline) and what the core learns
-    (the version and signature that ran), shared through a context variable for scheduling and metrics."""
+    (the version and signature that ran), shared through a context variable for scheduling and metrics. A sampled
+    call also carries its trace (server/observability/tracing.py), which the adapters' decode and encode times
+    add their spans to."""
 
-    __slots__ = ("priority", "deadline", "version", "signature", "compute_input", "compute_output", "answer_bytes")
+    __slots__ = ("priority", "deadline", "version", "signature", "_compute_input", "_compute_output", "answer_bytes",
+                 "trace")  # fmt: skip
 
     def __init__(self, priority: int = 0, deadline: float | None = None):
         self.priority = priority
         self.deadline = deadline  # time.monotonic() by which the run must start, or None
         self.version = ""
         self.signature = ""
-        self.compute_input = 0.0  # seconds the adapter took to decode the request's tensors (0: not timed)
-        self.compute_output = 0.0  # seconds it took to encode the answer's tensors
+        self._compute_input = 0.0
+        self._compute_output = 0.0
         self.answer_bytes: int | None = None  # an upper bound on the answer's size, when the adapter knows one
+        self.trace = None  # a RequestTrace when this call is traced
+
+    @property
+    def compute_input(self) -> float:
+        """Seconds the adapter took to decode the request's tensors (0: not timed), set when decoding ends."""
+        return self._compute_input
+
+    @compute_input.setter
+    def compute_input(self, seconds: float) -> None:
+        self._compute_input = seconds
+        if self.trace is not None:
+            now = time.perf_counter()
+            self.trace.add("decode", now - seconds, now)
+
+    @property
+    def compute_output(self) -> float:
+        """Seconds the adapter took to encode the answer's tensors, set when encoding ends."""
+        return self._compute_output
+
+    @compute_output.setter
+    def compute_output(self, seconds: float) -> None:
+        self._compute_output = seconds
+        if self.trace is not None:
+            now = time.perf_counter()
+            self.trace.add("encode", now - seconds, now)
 
 
 MIN_PRIORITY, MAX_PRIORITY = -100, 100  # bounded: priorities are scheduler levels and metric label values
@@ -182,7 +211,8 @@ class ServingCore:
         info = REQUEST.get(None) or RequestInfo()
         served = lease.served
         info.version, info.signature = str(served.version), what
-        return Ticket(info.priority, info.deadline, served.name, (served.name, info.version, what), lease.hand_off())
+        labels = (served.name, info.version, what)
+        return Ticket(info.priority, info.deadline, served.name, labels, lease.hand_off(), info.trace)
 
     def run_signature_tensors(
         self, lease: Lease, feeds: Mapping[str, np.ndarray], fetches: Sequence[str], signature_name: str = ""
@@ -198,7 +228,7 @@ class ServingCore:
         )
 
     async def _run_when_prepared(self, lease: Lease, pending, feeds, fetches, signature_name: str):
-        await lease.wait(pending)
+        await _prepare(lease, pending)
         return await self.run_handler.submit_batchable(
             lease.served.servable, dict(feeds), fetches, self.pin_signature_graphs, self.ticket(lease, signature_name)
         )
@@ -209,7 +239,7 @@ class ServingCore:
         first run that must read a large table never holds a worker that ready graphs could use."""
         pending = lease.served.servable.prepare(tuple(feeds), fetches, targets, graph_name, pin)
         if pending is not None:
-            await lease.wait(pending)
+            await _prepare(lease, pending)
 
     def is_served(self, name: str) -> bool:
         return self.manager.is_served(name)
@@ -356,6 +386,19 @@ class ServingCore:
                 f"outputs are: {', '.join(sig.output_aliases)}"
             )
         return output_filter, [sig.outputs[a].name for a in output_filter]
+
+
+async def _prepare(lease: Lease, pending) -> None:
+    """Wait for a client graph's build and its variables' restore (lazy restoration); a traced call gets a
+    ``build`` span for the wait."""
+    info = REQUEST.get(None)
+    trace = info.trace if info is not None else None
+    started = time.perf_counter()
+    try:
+        await lease.wait(pending)
+    finally:
+        if trace is not None:
+            trace.add("build", started, time.perf_counter(), {"servex.client_graph.cache": "build"})
 
 
 @dataclass(frozen=True)

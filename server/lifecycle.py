@@ -1,6 +1,7 @@
 """The models a process serves, over time: the models to serve at start (a model config file, the single-model
 flags, or Triton model repositories), and the Lifecycle that applies config changes and polls (base paths, the
-config file, the repositories) off the event loop, with health following what is available."""
+config file, the repositories) off the event loop, with health following what is available and request logging
+(server/observability/request_log.py) what each config applied says."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from servex.loader.config import ModelSpec, parse_model_config
 from servex.loader.errors import InvalidArgument, ServingError
 from servex.loader.model_repository import read_repositories
 from servex.server.config.settings import ServerSettings
+from servex.server.observability.request_log import LOGS
 
 log = logging.getLogger("servex")
 
@@ -80,6 +82,7 @@ class Lifecycle:
         except ServingError:
             self.specs = previous
             raise
+        LOGS.update(specs)  # the models' logging_config, in effect from now on
         await self.sync_health()
         return problems
 

@@ -1,6 +1,6 @@
-"""The ports of one serving process: gRPC (TensorFlow Serving's APIs, KServe v2, servex.v1, health, reflection:
-``add_grpc_services``), the admin port, and REST; opened together and closed together (``Ports``). A port that
-cannot be bound is logged naming its flag."""
+"""The ports of one serving process: gRPC (TensorFlow Serving's APIs, KServe v2, servex.v1, health, reflection,
+TensorFlow's profiler: ``add_grpc_services``), the admin port, and REST; opened together and closed together
+(``Ports``). A port that cannot be bound is logged naming its flag."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from servex.protos.servex.v1 import graph_executor_pb2, graph_executor_pb2_grpc,
 from servex.server.config.settings import ServerSettings
 from servex.server.core import ServingCore
 from servex.server.lifecycle import Lifecycle
+from servex.server.observability import profiler
 from servex.server.protocols.kserve.dataplane import DataPlane
 from servex.server.protocols.kserve.repository import ModelRepository
 from servex.server.protocols.servex.admin import BearerTokenInterceptor, VariableService
@@ -73,7 +74,8 @@ def grpc_options(settings: ServerSettings) -> list[tuple[str, object]]:
 
 def add_grpc_services(server, settings: ServerSettings, core: ServingCore, plane: DataPlane, lifecycle: Lifecycle,
                       health_servicer) -> None:  # fmt: skip
-    """Every service of the main gRPC port: TensorFlow Serving's, KServe v2's, servex.v1's, health, reflection."""
+    """Every service of the main gRPC port: TensorFlow Serving's, KServe v2's, servex.v1's, health, reflection, and
+    with --enable_profiler TensorFlow's profiler (tensorflow.ProfilerService: TensorBoard's "Capture profile")."""
     from servex.server.protocols.kserve import (
         grpc_api as kserve,  # not at module level: its inference.* protos clash with tritonclient's in one process
     )
@@ -89,6 +91,8 @@ def add_grpc_services(server, settings: ServerSettings, core: ServingCore, plane
         ModelService(core, lifecycle.apply, settings.process_group_size), server
     )
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    if settings.enable_profiler:
+        profiler.add_to_server(server)
     names = [
         prediction_service_pb2.DESCRIPTOR.services_by_name["PredictionService"].full_name,
         model_service_pb2.DESCRIPTOR.services_by_name["ModelService"].full_name,
@@ -97,6 +101,7 @@ def add_grpc_services(server, settings: ServerSettings, core: ServingCore, plane
         kserve.SERVICE,
         health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
         reflection.SERVICE_NAME,
+        *([profiler.SERVICE] if settings.enable_profiler else []),
     ]
     reflection.enable_server_reflection(names, server)
 

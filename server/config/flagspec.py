@@ -25,7 +25,8 @@ TENSORFLOW = "TensorFlow"
 GRPC = "gRPC and TLS"
 ADMIN = "Admin API"
 PROCESS = "Process"
-SERVEX_GROUPS = (PORTS, MODELS, VERSIONS, BATCHING, TENSORFLOW, GRPC, ADMIN, PROCESS)
+OBSERVABILITY = "Tracing, profiling and request logging"
+SERVEX_GROUPS = (PORTS, MODELS, VERSIONS, BATCHING, TENSORFLOW, GRPC, ADMIN, PROCESS, OBSERVABILITY)
 # The other command lines servex takes, after them.
 TFSERVING_OTHER = (
     "TensorFlow Serving's flags that change nothing in servex (taken so that its command lines start servex; each "

@@ -10,7 +10,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from importlib import resources
 
-from servex.server.config.flagspec import ADMIN, BATCHING, GRPC, MODELS, PORTS, PROCESS, TENSORFLOW, VERSIONS, flag
+from servex.server.config.flagspec import (
+    ADMIN,
+    BATCHING,
+    GRPC,
+    MODELS,
+    OBSERVABILITY,
+    PORTS,
+    PROCESS,
+    TENSORFLOW,
+    VERSIONS,
+    flag,
+)
 from servex.server.cores import usable_cores
 
 DEMO_MODEL_NAME = "demo"
@@ -409,6 +420,30 @@ class ServerSettings:
         1, PROCESS, "set by the supervisor of several serving processes on each of them: the group's size", hidden=True
     )
     drain_seconds: float = flag(20.0, PROCESS, "on SIGTERM/SIGINT, how long in-flight calls may take to finish")
+    trace_config: tuple[str, ...] = flag(
+        (),
+        OBSERVABILITY,
+        "request tracing, in Triton's --trace-config syntax (repeatable): level=TIMESTAMPS turns it on, rate=N "
+        "traces one request in N (1000), count=N stops after N traces (-1), mode=triton|opentelemetry; "
+        "triton,file=PATH and triton,log-frequency=N; opentelemetry,url=HOST:PORT (OTLP/gRPC), "
+        "opentelemetry,resource=KEY=VALUE, opentelemetry,bsp_max_queue_size|bsp_schedule_delay|"
+        "bsp_max_export_batch_size=N",
+        type=str,
+        flag_default=(),
+        repeatable=True,
+        aliases=("trace-config",),
+        metavar="[MODE,]SETTING=VALUE",
+        doc_default="none (tracing off)",
+        doc="See [Tracing](tracing.md). OpenTelemetry's standard `OTEL_*` environment variables configure what "
+        "the flag leaves unset (the collector's endpoint, the service name, the sampler).",
+    )
+    enable_profiler: bool = flag(
+        True,
+        OBSERVABILITY,
+        "serve tensorflow.ProfilerService on the gRPC port, so that TensorBoard's Profile tab and "
+        "tf.profiler.experimental.client.trace can capture live runs",
+        tfserving=True,
+    )
 
     def resolved_model_base_path(self) -> str:
         return self.model_base_path or demo_model_base_path()

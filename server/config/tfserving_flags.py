@@ -39,7 +39,6 @@ NO_EFFECT_FLAGS = {
     "Serving's default)",
     "xla_cpu_compilation_enabled": "servex leaves XLA as TensorFlow configures it",
     "xla_gpu_compilation_enabled": "servex leaves XLA as TensorFlow configures it",
-    "enable_profiler": "servex serves no profiler service",
     "thread_pool_factory_config_file": "runs use the run workers (--num_run_workers) and TensorFlow's pools",
     "mixed_precision": "servex runs graphs as they were exported",
     "skip_initialize_tpu": "servex does not use TPUs",

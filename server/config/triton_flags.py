@@ -49,8 +49,6 @@ NO_EFFECT_FLAGS = {
     "grpc-infer-response-compression-level": "servex answers uncompressed",
     "grpc-max-connection-age": "set it with --grpc_channel_arguments=grpc.max_connection_age_ms=...",
     "grpc-max-connection-age-grace": "set it with --grpc_channel_arguments=grpc.max_connection_age_grace_ms=...",
-    "trace-count": "servex traces no requests",
-    "trace-log-frequency": "servex traces no requests",
     "cuda-virtual-address-size": "servex keeps no CUDA memory pool",
     "model-load-gpu-limit": "TensorFlow decides the GPU memory a model takes (see --per_process_gpu_memory_fraction)",
     "repoagent-directory": "servex has no repository agents",
@@ -85,10 +83,6 @@ NO_EFFECT_FLAGS = {
     "metrics-config": "servex's metrics are read when scraped",
     "allow-sagemaker": "servex serves no SageMaker endpoint",
     "allow-vertex-ai": "servex serves no Vertex AI endpoint",
-    "trace-config": "servex traces no requests",
-    "trace-file": "servex traces no requests",
-    "trace-level": "servex traces no requests",
-    "trace-rate": "servex traces no requests",
     "host-policy": "servex runs on the CPUs it is given",
     "enable-peer-access": "servex does not set up GPU peer access",
     "log-format": "servex logs in its own format",
@@ -117,6 +111,24 @@ def _triton(name: str, help: str, **kwargs) -> Flag:
 
 def _switch(name: str, help: str, **kwargs) -> Flag:
     return _triton(name, help, type=parse_bool, **kwargs)
+
+
+TRACE_FLAGS = {"trace-file": "triton,file", "trace-level": "level", "trace-rate": "rate", "trace-count": "count",
+               "trace-log-frequency": "triton,log-frequency"}  # fmt: skip
+
+
+def trace_entries(args: argparse.Namespace) -> tuple[str, ...]:
+    """Triton's --trace-file, --trace-level, --trace-rate, --trace-count and --trace-log-frequency as --trace_config
+    entries; they are taken with or without a model repository, and cleared here so as not to count as Triton
+    flags that need one."""
+    entries = []
+    for name, entry in TRACE_FLAGS.items():
+        dest = "triton_" + name.replace("-", "_")
+        value = getattr(args, dest, None)
+        values = value if isinstance(value, list | tuple) else [] if value is None else [value]
+        entries += [f"{entry}={v}" for v in values]
+        setattr(args, dest, None)
+    return tuple(entries)
 
 
 # Triton's flags that servex takes, in --help's order; ``sets``: the servex flag whose setting one gives.
@@ -168,6 +180,10 @@ FLAGS = (
             metavar="[BACKEND,]SETTING=VALUE", doc_default="none",
             doc="`tensorflow,default-max-batch-size=N` (default 4): the max_batch_size a model whose SavedModel "
             "batches and whose config.pbtxt gives none gets; other settings are logged as changing nothing."),
+    # Triton's older tracing flags, as --trace_config entries (--trace-config is --trace_config's own alias).
+    *(_triton(name, f"as --trace_config {entry}=VALUE", metavar="VALUE", repeatable=name == "trace-level",
+              default=() if name == "trace-level" else None)
+      for name, entry in TRACE_FLAGS.items()),
     # Taken and noted (hidden from --help, listed in docs/flags.md).
     *(Flag(name, f"no effect: {why}", TRITON, dest="triton_noop_" + name.replace("-", "_"), default=None,
            const="true", repeatable=True, hidden=True)

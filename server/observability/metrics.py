@@ -13,6 +13,7 @@ import os
 import prometheus_client
 from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import HistogramMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
 
 from servex.executor.statistics import statistics
 
@@ -103,9 +104,9 @@ class CallRecorder:
         self.stats = statistics(labels[1], version) if version else None
         self.ok = code == "OK"
 
-    def __call__(self, seconds: float, decoding: float, encoding: float) -> None:
+    def __call__(self, seconds: float, decoding: float, encoding: float, exemplar: dict | None = None) -> None:
         self.count.inc()
-        self.latency.observe(seconds)
+        self.latency.observe(seconds, exemplar)
         if self.stats is not None:
             self.stats.answered(self.ok, seconds, decoding, encoding)
 
@@ -370,10 +371,11 @@ def _microseconds(name: str, documentation: str, label_names: list[str], samples
     return histogram
 
 
-def exposition(tf_serving_names: bool = False, batching: bool = False) -> tuple[bytes, str]:
+def exposition(tf_serving_names: bool = False, batching: bool = False, accept: str = "") -> tuple[bytes, str]:
     """The Prometheus text exposition of every metric and its content type: this process's, or in a group of
     serving processes (prometheus_client's multiprocess mode) all of theirs; with ``tf_serving_names``,
-    TensorFlow Serving's metrics as well (``TFServingNames``; ``batching``: servex's --enable_batching)."""
+    TensorFlow Serving's metrics as well (``TFServingNames``; ``batching``: servex's --enable_batching). A scraper
+    whose ``accept`` header asks for OpenMetrics gets it, with the latency histograms' exemplars (trace ids)."""
     registry = prometheus_client.REGISTRY
     metrics_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if metrics_dir:
@@ -385,7 +387,8 @@ def exposition(tf_serving_names: bool = False, batching: bool = False) -> tuple[
         source, registry = registry, prometheus_client.CollectorRegistry()
         registry.register(source)  # a registry is a collector of its metrics
         registry.register(TFServingNames(source, batching))
-    return prometheus_client.generate_latest(registry), prometheus_client.CONTENT_TYPE_LATEST
+    encode, content_type = choose_encoder(accept)
+    return encode(registry), content_type
 
 
 def start_metrics_server(port: int, address: str):

@@ -35,6 +35,7 @@ from aiohttp.web import ContentCoding
 from servex.executor.run_handler import DeadlineExceeded
 from servex.loader.errors import InvalidArgument, ServingError
 from servex.server.core import REQUEST, RequestInfo, ServingCore, priority_from_text
+from servex.server.observability.tracing import TRACER
 from servex.server.transport import tensors
 from servex.server.transport.rpc import PRIORITY_METADATA, record
 
@@ -180,6 +181,12 @@ class Call:
 Handler = Callable[[web.Request, Call, RequestInfo], Awaitable[web.StreamResponse]]
 
 
+def model_in_path(request: web.Request) -> str:
+    """The model a TensorFlow Serving REST URL names (``/v1/models/NAME[/versions/N|/labels/L][:verb]``), or ""."""
+    parts = request.rel_url.raw_path.split("/", 4)
+    return parts[3].split(":", 1)[0] if len(parts) > 3 and parts[2] == "models" else ""
+
+
 class Rest:
     """Shared state of the REST adapters: the core, the limits, and whether the server is draining."""
 
@@ -204,6 +211,8 @@ class Rest:
             info = RequestInfo()
             try:
                 info = self.request_info(request)
+                if TRACER.enabled:
+                    info.trace = TRACER.start(method, call.model or model_in_path(request), request.headers.items)
                 REQUEST.set(info)
                 if info.deadline is None or not bounded:
                     return compressed(request, await handler(request, call, info))
@@ -407,7 +416,8 @@ async def _prometheus(request: web.Request, batching: bool = False) -> web.Respo
     from servex.server.observability.metrics import exposition
 
     loop = asyncio.get_running_loop()
-    body, content_type = await loop.run_in_executor(tensors.REQUEST_WORK, exposition, True, batching)
+    accept = request.headers.get("Accept", "")
+    body, content_type = await loop.run_in_executor(tensors.REQUEST_WORK, exposition, True, batching, accept)
     return web.Response(body=body, headers={"Content-Type": content_type})
 
 

@@ -1,6 +1,6 @@
 """The wrapper every gRPC method of servex goes through: ServingErrors become the gRPC status they name, with
 their message; anything unexpected becomes INTERNAL and is logged; every call is counted and timed (and, when it
-asked for a run, added to its model version's statistics)."""
+asked for a run, added to its model version's statistics), and traced when tracing samples it."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from servex.executor.run_handler import DeadlineExceeded
 from servex.loader.errors import InvalidArgument, ResourceExhausted, ServingError
 from servex.server.core import REQUEST, RequestInfo, priority_from_text
 from servex.server.observability import metrics
+from servex.server.observability.tracing import TRACER
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +135,8 @@ def rpc(method):
                 raise InvalidArgument(request.message)
             info = request_info(context)
             deadline = info.deadline  # the call's own (a request parameter may shorten info's for the queue)
+            if TRACER.enabled:
+                info.trace = TRACER.start(name, model, lambda: context.invocation_metadata() or ())
             REQUEST.set(info)
             answer = await method(self, request, context)
             if deadline is not None and time.monotonic() > deadline:
@@ -224,6 +227,12 @@ def record(core, method: str, model: str, info: RequestInfo, code: str, start: f
     grow the metrics with made-up names."""
     label = model if core.is_served(model) else UNKNOWN_MODEL_LABEL
     seconds = time.perf_counter() - start
+    exemplar = None
+    trace = info.trace
+    if trace is not None:  # its spans go out, and its trace id marks the latency it is counted in (an exemplar)
+        trace.version = info.version
+        TRACER.finish(trace, method, code, start, start + seconds)
+        exemplar = {"trace_id": trace.trace_id} if trace.trace_id else None
     metrics.recorder(method, label, info.version, info.signature, info.priority, code)(
-        seconds, info.compute_input, info.compute_output
+        seconds, info.compute_input, info.compute_output, exemplar
     )

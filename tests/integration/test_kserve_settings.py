@@ -13,7 +13,8 @@ from tests.conftest import HALF_PLUS_TWO_TF1
 
 def test_log_settings_read_and_change_what_servex_logs_over_grpc_and_rest(start_daemon, tmp_path):
     """Triton's log settings: tritonclient reads them, and switching INFO off leaves the next model load unlogged
-    while errors still are; over REST too. Tracing is off, and asking for it says servex does not trace."""
+    while errors still are; over REST too. Tracing is off, and asking for tensors in traces says servex does not
+    trace them."""
     import tritonclient.http as triton_http
     from tensorflow_serving.apis import model_management_pb2, model_service_pb2_grpc
     from tensorflow_serving.config import model_server_config_pb2
@@ -51,11 +52,11 @@ def test_log_settings_read_and_change_what_servex_logs_over_grpc_and_rest(start_
             rest.update_log_settings(settings)
         assert words in info.value.message()
     assert rest.get_log_settings() == start
-    # tracing
-    assert client.get_trace_settings(as_json=True)["settings"] == {"trace_level": {"value": ["OFF"]}}
-    assert rest.get_trace_settings(model_name="first") == {"trace_level": ["OFF"]}
+    # tracing: off by default (tests/integration/test_tracing.py turns it on)
+    assert client.get_trace_settings(as_json=True)["settings"]["trace_level"] == {"value": ["OFF"]}
+    assert rest.get_trace_settings(model_name="first")["trace_level"] == ["OFF"]
     with pytest.raises(InferenceServerException) as info:
-        client.update_trace_settings(settings={"trace_level": ["TIMESTAMPS"]})
-    assert info.value.status() == "StatusCode.UNIMPLEMENTED" and "servex traces no requests" in info.value.message()
+        client.update_trace_settings(settings={"trace_level": ["TENSORS"]})
+    assert info.value.status() == "StatusCode.UNIMPLEMENTED" and "TENSORS is not supported" in info.value.message()
     client.close()
     rest.close()

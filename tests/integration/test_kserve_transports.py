@@ -316,10 +316,15 @@ ERRORS = {
         "NOT_FOUND",
         "'nope' is not served",
     ),
-    "trace settings asking for tracing": (
-        lambda m, c: c.update_trace_settings(settings={"trace_level": ["TIMESTAMPS"]}),
+    "trace settings asking for tensors": (
+        lambda m, c: c.update_trace_settings(settings={"trace_level": ["TENSORS"]}),
         "UNIMPLEMENTED",
-        "servex traces no requests",
+        "trace_level TENSORS is not supported",
+    ),
+    "trace settings with a bad rate": (
+        lambda m, c: c.update_trace_settings(settings={"trace_rate": "0"}),
+        "INVALID_ARGUMENT",
+        "Unable to parse 'trace_rate', value is out of range [ 1, 4294967295 ], got: 0",
     ),
     "log settings of the wrong type": (
         lambda m, c: c.update_log_settings({"log_file": "servex.log"}),

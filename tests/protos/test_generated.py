@@ -18,6 +18,7 @@ def test_there_are_protos():
         "protos/servex/v1/variables.proto",
         "protos/servex/v1/batching.proto",
         "protos/inference/grpc_service.proto",
+        "protos/tensorflow/profiler_service.proto",
     } <= set(PROTOS)
 
 
@@ -143,3 +144,53 @@ def test_inference_proto_is_wire_compatible_with_tritonclient():
     for full_name, values in servex["enums"].items():
         descriptor = triton.DESCRIPTOR.pool.FindEnumTypeByName(full_name)
         assert [tuple(v) for v in values] == sorted((v.name, v.number) for v in descriptor.values), full_name
+
+
+def _tensorflow_compiled_descriptor(name: str):
+    """The FileDescriptorProto of ``name`` that TensorFlow's C++ library holds (compiled in by protoc's C++
+    gencode as serialized bytes): TSL's profiler_service.proto is in no Python module of TensorFlow's wheel."""
+    import mmap
+
+    import tensorflow as tf
+    from google.protobuf import descriptor_pb2
+
+    start_marker = b"\n" + bytes([len(name)]) + name.encode() + b"\x12"
+    for library in sorted(Path(tf.sysconfig.get_lib()).glob("lib*.so*")):
+        with open(library, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            start = data.find(start_marker)
+            if start < 0:
+                continue
+            end = data.find(b"b\x06proto3", start)  # syntax = "proto3", the last field protoc writes
+            return descriptor_pb2.FileDescriptorProto.FromString(data[start : end + 8])
+    raise AssertionError(f"{name} is in none of TensorFlow's libraries under {tf.sysconfig.get_lib()}")
+
+
+def test_profiler_service_is_wire_compatible_with_tensorflows():
+    """Every field servex's profiler_service.proto declares has TSL's name, number, type and label, and every
+    method its input and output types: TensorFlow's C++ client (tf.profiler.experimental.client.trace, TensorBoard)
+    is understood."""
+    from google.protobuf import descriptor_pb2
+
+    from servex.protos.tensorflow import profiler_service_pb2
+
+    theirs = _tensorflow_compiled_descriptor("tsl/profiler/protobuf/profiler_service.proto")
+    ours = descriptor_pb2.FileDescriptorProto()
+    profiler_service_pb2.DESCRIPTOR.CopyToProto(ours)
+    assert ours.package == theirs.package == "tensorflow"
+    assert set(ours.dependency) <= set(theirs.dependency)
+    their_messages = {m.name: m for m in theirs.message_type}
+    assert {m.name for m in ours.message_type} == {
+        "ProfileRequest", "ProfileResponse", "TerminateRequest", "TerminateResponse", "MonitorRequest",
+        "MonitorResponse",
+    }  # fmt: skip
+    for message in ours.message_type:
+        their_fields = {f.name: f for f in their_messages[message.name].field}
+        for field in message.field:
+            assert field == their_fields[field.name], f"{message.name}.{field.name}"
+    (service,) = ours.service
+    (their_service,) = theirs.service
+    assert service.name == their_service.name == "ProfilerService"
+    their_methods = {m.name: (m.input_type, m.output_type) for m in their_service.method}
+    assert {m.name: (m.input_type, m.output_type) for m in service.method} == {
+        name: their_methods[name] for name in ("Profile", "Terminate", "Monitor")
+    }

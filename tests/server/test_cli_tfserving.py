@@ -29,7 +29,6 @@ TFS_ONLY = [
     "--enable_signature_method_name_check=false",
     "--xla_cpu_compilation_enabled=false",
     "--xla_gpu_compilation_enabled=false",
-    "--enable_profiler=true",
     "--thread_pool_factory_config_file=/etc/pools.config",
     "--mixed_precision=bfloat16",
     "--skip_initialize_tpu=true",
@@ -45,6 +44,13 @@ def test_every_tensorflow_serving_only_flag_is_taken_and_noted_with_its_reason()
     assert noted == {f"--{flag}" for flag in NO_EFFECT_FLAGS}
     assert "--rest_api_num_threads=8 has no effect in servex: REST is served by the event loop" in parsed.notes[0]
     assert set(NO_EFFECT_FLAGS) | set(REFUSED_FLAGS) == {f.split("=")[0][2:] for f in TFS_ONLY}
+
+
+def test_enable_profiler_is_taken_and_is_on_by_default():
+    """TensorFlow Serving's --enable_profiler (default true) serves tensorflow.ProfilerService in servex too."""
+    assert parse_settings([]).settings.enable_profiler is True
+    assert parse_settings(["--enable_profiler=false"]).settings.enable_profiler is False
+    assert not [note for note in parse_settings(["--enable_profiler=true"]).notes if "enable_profiler" in note]
 
 
 def test_pem_file_flags_are_the_other_way_to_give_tls(tmp_path, capsys):

@@ -2,8 +2,9 @@
 ``/v2/trace/setting``), as ``tritonclient``'s ``get_log_settings``, ``update_log_settings``,
 ``get_trace_settings`` and ``update_trace_settings`` call them.
 
-Trace settings: servex traces no requests, so ``trace_level`` is ``["OFF"]``; setting it to OFF (or clearing a
-setting) changes nothing, and any other setting is UNIMPLEMENTED, saying so.
+Trace settings: Triton's, global and per model, kept by the process's tracer (server/observability/tracing.py and
+trace_settings.py): ``trace_level`` (OFF, TIMESTAMPS), ``trace_rate``, ``trace_count``, ``log_frequency``, and,
+read only, ``trace_file`` and ``trace_mode``.
 
 Log settings (``LogSettings``) are Python's logging: which severities servex logs, read and changed at run time.
 
@@ -26,7 +27,8 @@ import logging
 import threading
 from typing import Any
 
-from servex.loader.errors import FailedPrecondition, InvalidArgument, Unimplemented
+from servex.loader.errors import FailedPrecondition, InvalidArgument
+from servex.server.observability.tracing import TRACER
 
 log = logging.getLogger("servex")
 
@@ -127,18 +129,12 @@ class _SeverityFilter(logging.Filter):
         return self.settings.logs(record.levelno)
 
 
-TRACE_OFF = {"trace_level": ["OFF"]}
-
-
 def trace_settings(core, model_name: str, changes: dict[str, list[str]]) -> dict[str, list[str]]:
-    """The trace settings (of ``model_name``, which must be served, when given) after ``changes``: tracing stays
-    off."""
+    """The trace settings (of ``model_name``, which must be served, when given) after ``changes`` (an empty list
+    clears a setting: a model's falls back to the global one), as Triton answers them (server/observability/
+    trace_settings.py)."""
     if model_name:
         core.resolve(model_name)  # NOT_FOUND for a model not served, in Triton's words
-    for key, values in changes.items():
-        if values and not (key == "trace_level" and values == ["OFF"]):
-            raise Unimplemented(
-                f"servex traces no requests: trace setting {key}={values} cannot be set (trace_level stays OFF); "
-                f"servex's metrics (/metrics) time every request"
-            )
-    return dict(TRACE_OFF)
+    if not changes:
+        return TRACER.settings.read(model_name)
+    return TRACER.update(model_name, changes)

@@ -1,7 +1,9 @@
 """TensorFlow Serving's gRPC API (PredictionService, ModelService) over the ServingCore.
 
 Thin: decode the request's protobufs into NumPy, call the core, encode the answer. Every ServingError becomes the
-gRPC status it names, with its message; anything unexpected becomes INTERNAL and is logged.
+gRPC status it names, with its message; anything unexpected becomes INTERNAL and is logged. Predict, Classify,
+Regress, MultiInference and SessionRun calls of a model with a logging_config are logged (``logged``,
+server/protocols/tfserving/request_logging.py).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from servex.loader.config import ModelSpec, specs_from_proto
 from servex.loader.errors import CODE_NAMES, FailedPrecondition, InvalidArgument, NotFound
 from servex.server.core import REQUEST, ServingCore
 from servex.server.protocols.tfserving import examples
+from servex.server.protocols.tfserving.request_logging import logged
 from servex.server.transport import tensors
 from servex.server.transport.rpc import rpc, spec_version
 
@@ -86,6 +89,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
 
     @rpc
     @tfserving_errors
+    @logged("predict_log")
     async def Predict(self, request: predict_pb2.PredictRequest, context) -> predict_pb2.PredictResponse:
         spec = request.model_spec
         limit = self.max_tensor_bytes
@@ -110,16 +114,19 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
 
     @rpc
     @tfserving_errors
+    @logged("classify_log")
     async def Classify(self, request: classification_pb2.ClassificationRequest, context):
         return await examples.classify(self.core, request)
 
     @rpc
     @tfserving_errors
+    @logged("regress_log")
     async def Regress(self, request: regression_pb2.RegressionRequest, context):
         return await examples.regress(self.core, request)
 
     @rpc
     @tfserving_errors
+    @logged("multi_inference_log")
     async def MultiInference(self, request: inference_pb2.MultiInferenceRequest, context):
         return await examples.multi_inference(self.core, request)
 
@@ -194,6 +201,7 @@ class SessionService:
 
     @rpc
     @tfserving_errors
+    @logged("session_run_log")
     async def SessionRun(self, request: session_service_pb2.SessionRunRequest, context):
         spec = request.model_spec
         protos = {}

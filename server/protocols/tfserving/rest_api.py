@@ -38,7 +38,7 @@ from tensorflow_serving.apis import classification_pb2, input_pb2, regression_pb
 from servex.loader.errors import InvalidArgument, NotFound
 from servex.loader.saved_model import TensorSpec
 from servex.server.core import REQUEST, RequestInfo
-from servex.server.protocols.tfserving import examples
+from servex.server.protocols.tfserving import examples, request_logging
 from servex.server.protocols.tfserving.grpc_api import in_tfserving_words, model_status_response
 from servex.server.transport import json_codec as codec
 from servex.server.transport.http import Call, Rest, json_response, offload, payload_bytes
@@ -130,6 +130,7 @@ async def predict(rest: Rest, request: web.Request, name: str, version: int | No
     del doc  # the parsed JSON takes many times the inputs' memory: gone before the run
     info.compute_input = time.perf_counter() - started
     result = await core.predict(name, version, label, signature_name, inputs)
+    request_logging.rest_predict(name, version, label, signature_name, inputs, result)
     started = time.perf_counter()
     text = await offload(payload_bytes(result.outputs.values()), encode_predict, result.outputs, row)
     info.compute_output = time.perf_counter() - started
@@ -342,6 +343,7 @@ async def classify_regress(
     doc, size = await _document(rest, request)
     signature_name = doc.get("signature_name", "")
     serialized = await offload(size, serialized_examples, doc, threshold=EXAMPLES_OFFLOAD_BYTES)
+    logged = request_logging.rest_examples(name, version, label, verb, doc, fill_input)  # None unless sampled
     del doc
     if verb == "classify":
         method, api = examples.CLASSIFY_METHOD, "Classification"
@@ -358,6 +360,8 @@ async def classify_regress(
     finally:
         lease.end()
     outputs = {alias: values[tensor] for alias, tensor in plan.outputs.items()}
+    if logged is not None:
+        logged(served, sig.name, outputs, len(serialized), where)
     text = await offload(size, encode_results, verb, outputs, len(serialized), where, threshold=EXAMPLES_OFFLOAD_BYTES)
     return json_response(text)
 

@@ -301,6 +301,8 @@ def test_log_and_trace_settings_are_the_planes(plane):
     assert plane.update_log_settings({}) == plane.log_settings.values()
     with pytest.raises(InvalidArgument, match="log setting 'log_info' must be a boolean"):
         plane.update_log_settings({"log_info": 1})
-    assert plane.trace_settings("hp", {"trace_level": ["OFF"]}) == {"trace_level": ["OFF"]}
-    with pytest.raises(Unimplemented, match="servex traces no requests"):
-        plane.trace_settings("", {"trace_rate": ["5"]})
+    assert plane.trace_settings("hp", {"trace_rate": ["5"]})["trace_rate"] == ["5"]  # hp's own
+    assert plane.trace_settings("", {})["trace_rate"] == ["1000"]  # the global one is untouched
+    assert plane.trace_settings("hp", {"trace_rate": []})["trace_rate"] == ["1000"]  # cleared: the global one
+    with pytest.raises(Unimplemented, match="TENSORS is not supported"):
+        plane.trace_settings("", {"trace_level": ["TENSORS"]})
