@@ -214,7 +214,7 @@ def load_saved_model(
         else:  # one read of them all
             groups = [frozenset(s.name for s in sources)] if sources else []
         records, restores = _add_restore_ops(graph, prefix, sources, groups, per_variable=lazy_restore)
-        variables = VariableStore(records, session, device, transfer, hooks, restores)
+        variables = VariableStore(records, session, device, transfer, hooks, restores, checkpoint=prefix)
         needed = init_reads if lazy_restore else list(records)
         ready = variables.ensure(needed)
         if ready is not None:

@@ -16,6 +16,7 @@ puts it in the session's variable, so this lasts an instant), ON_DEVICE (in the 
 
 from __future__ import annotations
 
+import glob
 import logging
 import threading
 import time
@@ -278,10 +279,13 @@ class VariableStore:
         transfer=None,
         hooks: VariableHooks | None = None,
         restores: Iterable[RestoreOp] | None = None,
+        checkpoint: str = "",
     ):
         """``restores``: the reads a restore can run (default: each record's assign, reading that variable);
-        a restore runs those of the largest sets it needs whole, then those of one variable."""
+        a restore runs those of the largest sets it needs whole, then those of one variable. ``checkpoint``: the
+        checkpoint's prefix (its files are named in a failed read's error)."""
         self.records = records
+        self.checkpoint = checkpoint
         if restores is None:
             restores = [RestoreOp(frozenset([r.name]), (r.assign,)) for r in records.values()]
         self._single = {}  # variable -> the assign of its own read
@@ -333,8 +337,16 @@ class VariableStore:
             first = sorted(names)[:5]
             shown = ", ".join(map(repr, first)) + (f" and {len(names) - len(first)} more" if len(names) > 5 else "")
             raise error_with_code(
-                13, f"reading variable(s) {shown} from the checkpoint failed: {_op_error_text(e)}"
+                13, f"reading variable(s) {shown} from the checkpoint failed: {_op_error_text(e)}{self._files()}"
             ) from e
+
+    def _files(self) -> str:
+        """The checkpoint's files, for an error (a failed read's message may not name them: "Read less bytes than
+        requested"); they may be gone: the pattern is named then."""
+        if not self.checkpoint:
+            return ""
+        files = sorted(glob.glob(glob.escape(self.checkpoint) + ".data-*"))
+        return f" (checkpoint files: {', '.join(files) or self.checkpoint + '.data-*: none found'})"
 
     def _restore_targets(self, names: list[str]) -> list[str]:
         """The assigns that restore exactly ``names``: whole groups (one RestoreV2 each), then single reads."""

@@ -22,6 +22,7 @@ from servex.executor.metrics import CacheMetrics, VariableMetrics
 from servex.loader import ModelManager, load_saved_model
 from servex.loader.config import ModelSpec
 from servex.loader.errors import InvalidArgument, ServingError
+from servex.server import group
 from servex.server.affinity import LoopPin
 from servex.server.config.batching import batching_options, per_model_batching
 from servex.server.config.settings import ServerSettings
@@ -339,6 +340,7 @@ async def serve(settings: ServerSettings) -> int:
             available = process.manager.available_models()
             log.info("servex ready on %s:%d, serving %s", settings.bind_address, settings.port,
                      ", ".join(available) or "no model yet")  # fmt: skip
+            group.notify_ready()  # one of a group's serving processes: its supervisor counts it serving
             await stop.wait()
     except (OSError, InvalidArgument) as e:
         log.error("cannot load the models to serve, nothing to serve: %s", e)

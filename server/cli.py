@@ -14,7 +14,7 @@ import signal
 import sys
 from typing import NamedTuple
 
-from servex.server import affinity, tensorflow_logs
+from servex.server import affinity, group, tensorflow_logs
 from servex.server.config import tfserving_flags, triton_flags
 from servex.server.config.flags import build_parser
 from servex.server.config.flagspec import setting_flags
@@ -270,6 +270,7 @@ def main(argv: list[str] | None = None) -> None:
     # gRPC core's own log at ERROR and above (read when grpc is first imported, after this): at INFO it writes a
     # line per failed TLS handshake, so any client could fill the log (40,449 lines in a 10-minute soak).
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    group.follow_supervisor()  # one of a group's serving processes: dies with its supervisor
     if settings.serving_processes > 1:
         from servex.server.supervisor import supervise  # no TensorFlow in the supervisor
 
