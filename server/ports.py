@@ -216,6 +216,7 @@ class Ports:
                 settings.drain_seconds,
                 reuse_port=settings.process_group_size > 1,
                 prometheus_path=settings.prometheus_rest_path,
+                body_timeout_s=settings.rest_api_body_timeout_in_ms / 1000,
                 cors=settings.rest_api_enable_cors_support,
                 batching=settings.enable_batching,
                 routes=(functools.partial(kserve_rest.add_routes, plane=self.plane), tfserving_rest.add_routes),

@@ -68,6 +68,12 @@ class ServerSettings:
         tfserving=True,
         doc="The v2 `timeout` parameter can only shorten the time a request may wait in the queue.",
     )
+    rest_api_body_timeout_in_ms: int = flag(
+        30000,
+        PORTS,
+        "a REST request whose body has not all arrived this long after its headers is answered 408 and its "
+        "connection closed (0: no limit), so that clients trickling their bodies cannot hold connections",
+    )
     rest_api_enable_cors_support: bool = flag(
         False,
         PORTS,

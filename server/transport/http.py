@@ -98,12 +98,12 @@ def status_of(error: ServingError) -> int:
 
 
 def error_response(error: ServingError) -> web.Response:
-    return web.Response(
-        body=orjson.dumps({"error": error.message}),
-        status=status_of(error),
-        content_type=JSON,
-        headers=getattr(error, "headers", None),
-    )
+    headers = getattr(error, "headers", None)
+    response = web.Response(body=orjson.dumps({"error": error.message}), status=status_of(error), content_type=JSON,
+                            headers=headers)  # fmt: skip
+    if headers and headers.get("Connection") == "close":
+        response.force_close()  # no lingering read of what the client has yet to send
+    return response
 
 
 def json_response(body: bytes, status: int = 200) -> web.Response:
@@ -190,11 +190,12 @@ def model_in_path(request: web.Request) -> str:
 class Rest:
     """Shared state of the REST adapters: the core, the limits, and whether the server is draining."""
 
-    def __init__(self, core: ServingCore, max_body_bytes: int, timeout_s: float):
+    def __init__(self, core: ServingCore, max_body_bytes: int, timeout_s: float, body_timeout_s: float = 30.0):
         self.core = core
         self.max_body_bytes = max_body_bytes
         self.max_json_bytes = max_body_bytes // JSON_SHARE
         self.timeout_s = timeout_s
+        self.body_timeout_s = body_timeout_s  # a body not all in by then: 408, and the connection closed
         self.draining = False
 
     def endpoint(
@@ -269,7 +270,19 @@ class Rest:
         if request.content_length is not None and request.content_length > limit:
             raise too_large(f"the request body has {request.content_length} bytes, more than", limit, reason)
         try:
-            data = await request.read()
+            if self.body_timeout_s > 0:
+                async with asyncio.timeout(self.body_timeout_s):
+                    data = await request.read()
+            else:
+                data = await request.read()
+        except TimeoutError:  # a client trickling its body holds a connection and its buffer: it is dropped
+            raise HttpError(
+                f"the request body was not all received within {self.body_timeout_s * 1000:.0f} ms "
+                f"(--rest_api_body_timeout_in_ms); the connection is closed",
+                "DEADLINE_EXCEEDED",
+                408,
+                {"Connection": "close"},
+            ) from None
         except web.HTTPRequestEntityTooLarge:
             raise too_large("the request body is larger than", self.max_body_bytes, BODY_LIMIT_REASON) from None
         except ConnectionError as e:
@@ -346,9 +359,10 @@ class RestServer:
         cors: bool = False,
         batching: bool = False,
         routes: Sequence[Callable[[web.Application, Rest], None]] = (),
+        body_timeout_s: float = 30.0,
     ):
         """``routes``: each protocol's ``add_routes(app, rest)``, in the order their paths are matched."""
-        self.rest = Rest(core, max_body_bytes, timeout_s)
+        self.rest = Rest(core, max_body_bytes, timeout_s, body_timeout_s)
         self.address, self.port = address, port
         app = web.Application(client_max_size=max_body_bytes)
         # First, so that no API route (/v1's take every method) answers these paths or methods instead.
