@@ -33,10 +33,11 @@ def spec_version(spec) -> int | None:
 PRIORITY_METADATA = "x-servex-priority"
 
 
-def request_info(context) -> RequestInfo:
-    """The call's priority (gRPC metadata x-servex-priority, default 0) and deadline (monotonic, or None)."""
+def request_info(context, metadata=None) -> RequestInfo:
+    """The call's priority (gRPC metadata x-servex-priority, default 0) and deadline (monotonic, or None).
+    ``metadata``: the call's metadata, when the caller has it (grpc.aio builds it anew at each ask: ~8 µs)."""
     priority = 0
-    for key, value in context.invocation_metadata() or ():
+    for key, value in context.invocation_metadata() or () if metadata is None else metadata:
         if key == PRIORITY_METADATA:
             priority = priority_from_text(value, f"metadata {PRIORITY_METADATA}")
     remaining = context.time_remaining()
@@ -133,10 +134,11 @@ def rpc(method):
         try:
             if type(request) is Malformed:
                 raise InvalidArgument(request.message)
-            info = request_info(context)
+            metadata = context.invocation_metadata() or ()
+            info = request_info(context, metadata)
             deadline = info.deadline  # the call's own (a request parameter may shorten info's for the queue)
             if TRACER.enabled:
-                info.trace = TRACER.start(name, model, lambda: context.invocation_metadata() or ())
+                info.trace = TRACER.start(name, model, lambda: metadata)
             REQUEST.set(info)
             answer = await method(self, request, context)
             if deadline is not None and time.monotonic() > deadline:
