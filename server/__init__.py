@@ -11,7 +11,8 @@ A request's path, in the order a newcomer reads it:
   check inputs against the signature, and hand the run to ``servex.executor``. It imports no protocol.
 
 Around them: the process at the top (``cli.py`` parses the command line, ``app.py`` loads models and starts the
-ports, ``supervisor.py`` runs several serving processes, ``warmup.py`` replays a version's warm-up records,
-``cores.py`` and ``affinity.py`` size and pin threads, ``healthcheck.py`` is the ``servex-health`` probe);
+ports, ``supervisor.py`` runs several serving processes (``group.py``: each one's link to it), ``warmup.py``
+replays a version's warm-up records, ``cores.py`` and ``affinity.py`` size and pin threads, ``healthcheck.py`` is
+the ``servex-health`` probe);
 ``config/``, the settings and the TensorFlow Serving and Triton command lines; ``observability/``, metrics.
 """

@@ -5,18 +5,22 @@ The supervisor (``supervisor.py``) starts each serving process with two variable
 - ``SERVEX_SUPERVISOR_PID``: its own pid. The serving process asks Linux for SIGTERM when its parent dies
   (``prctl(PR_SET_PDEATHSIG)``), so a supervisor that is killed (SIGKILL, the OOM killer) takes its serving
   processes down with it: each drains as on a SIGTERM, and none is left orphaned on the ports. Where the parent
-  died before the call, the process exits at once.
+  died before the call, the process exits at once. The last thing it does is to remove the folder of the
+  group's metrics that the dead supervisor left.
 - ``SERVEX_READY_FD``: the write end of a pipe. The process writes one byte to it once it serves (models loaded,
   ports open), and the supervisor counts it serving from then on; its end of the pipe closes when the process dies.
 """
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import logging
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 
@@ -41,6 +45,7 @@ def follow_supervisor() -> None:
     supervisor = os.environ.pop(SUPERVISOR_PID, "")
     if not supervisor:
         return
+    atexit.register(_clean_up_after, int(supervisor), os.environ.get("PROMETHEUS_MULTIPROC_DIR", ""))
     if not _set_parent_death_signal(signal.SIGTERM):
         threading.Thread(target=_watch_parent, args=(int(supervisor),), name="servex-parent", daemon=True).start()
     if os.getppid() != int(supervisor):  # it died before the call above: no signal will come
@@ -74,6 +79,29 @@ def _set_parent_death_signal(signum: int) -> bool:
     except (OSError, AttributeError) as e:
         log.warning("prctl(PR_SET_PDEATHSIG) is not available: %s", e)
     return False
+
+
+def _clean_up_after(supervisor: int, metrics_dir: str) -> None:
+    """At exit: where the supervisor died, remove the temporary folder of the group's metrics that it made (the
+    processes still running keep the files they have open)."""
+    made = os.path.basename(metrics_dir).startswith("servex-metrics-")
+    if made and os.path.dirname(metrics_dir) == tempfile.gettempdir() and _gone(supervisor):
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+def _gone(supervisor: int) -> bool:
+    """Whether the supervisor has died, or is dying: this process was handed to another parent, or the
+    supervisor's main thread (the one that started this process) has ended, its other threads ending with it
+    (this process is then still its child)."""
+    if os.getppid() != supervisor:
+        return True
+    if not os.path.isdir("/proc"):  # no way to tell: it is alive
+        return False
+    try:
+        with open(f"/proc/{supervisor}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
 
 
 def _watch_parent(supervisor: int) -> None:

@@ -57,6 +57,7 @@ class Slot:
     def __init__(self, index: int):
         self.index = index
         self.proc: subprocess.Popen | None = None
+        self.alive = False  # its process runs, or ended unseen yet
         self.ready_fd: int | None = None  # the read end of the process's ready pipe
         self.state = STARTING
         self.started = self.ready_at = 0.0
@@ -112,7 +113,7 @@ class Supervisor:
             raise
         finally:
             os.close(write_end)  # the process holds its own: the pipe ends when it does
-        slot.ready_fd, slot.state, slot.started = read_end, STARTING, time.monotonic()
+        slot.ready_fd, slot.state, slot.started, slot.alive = read_end, STARTING, time.monotonic(), True
         if self.stopping:  # a signal came while the process was being started, before the slot held it
             slot.proc.send_signal(self.stopping)
 
@@ -123,11 +124,11 @@ class Supervisor:
             self.start(slot)
         pids = [slot.proc.pid for slot in self.slots if slot.proc is not None]
         log.info("supervising %d serving processes (pids %s) on port %d", len(self.slots), pids, self.settings.port)
-        while any(slot.proc is not None and slot.proc.poll() is None for slot in self.slots) or self._restarting():
+        while any(slot.alive for slot in self.slots) or self._restarting():
             self._read_ready()
             now = time.monotonic()
             for slot in self.slots:
-                if slot.proc is not None and slot.state != BACKOFF and slot.proc.poll() is not None:
+                if slot.alive and slot.proc.poll() is not None:
                     self._ended(slot, now)
                 elif slot.state == BACKOFF and now >= slot.restart_at and not self.stopping:
                     self._restart(slot)
@@ -141,10 +142,7 @@ class Supervisor:
         if not fds:
             time.sleep(POLL_S)
             return
-        try:
-            readable, _, _ = select.select(list(fds), [], [], POLL_S)
-        except InterruptedError:  # a signal (Python retries select itself since 3.5; kept for clarity)
-            return
+        readable, _, _ = select.select(list(fds), [], [], POLL_S)  # a signal's handler runs, then it goes on
         for fd in readable:
             slot = fds[fd]
             ready = os.read(fd, 1) == group.READY
@@ -159,10 +157,10 @@ class Supervisor:
         """The process of ``slot`` ended: the group stops (when it was stopping, or had not started yet), or the
         slot waits to start another."""
         proc, was_serving = slot.proc, slot.state == SERVING
+        slot.alive = False
         slot.close_pipe()
         _forget_gauges(self.metrics_dir, proc.pid)
         if self.stopping:
-            slot.state = STARTING if not was_serving else slot.state
             return
         how = _how(proc.returncode)
         if not all(s.served for s in self.slots):  # the group's start: all or nothing
@@ -193,9 +191,10 @@ class Supervisor:
         log.warning("serving process %d restarted: pid %d replaces pid %d", slot.index, slot.proc.pid, old)
 
     def return_codes(self) -> list[int]:
-        """Each slot's last process's exit status; a process that the signal it was sent ended (before it could
-        take it over to drain) stopped as asked: 0."""
-        codes = [slot.proc.returncode for slot in self.slots if slot.proc is not None]
+        """The exit status of each process that ran when the group stopped (not those of slots waiting to start
+        another); a process that the signal it was sent ended (before it could take it over to drain) stopped as
+        asked: 0."""
+        codes = [slot.proc.returncode for slot in self.slots if slot.proc is not None and slot.state != BACKOFF]
         return [0 if self.stopping and code == -self.stopping else code for code in codes]
 
     def kill_all(self) -> None:
@@ -221,6 +220,7 @@ def supervise(settings: ServerSettings, argv: list[str]) -> int:
             refuse_if_taken(settings.bind_address, settings.rest_api_port)
         if settings.grpc_socket_path:
             refuse_if_served(settings.grpc_socket_path)
+        _migration_hint()
         supervisor.run()
     except OSError as e:  # e.g. the metrics port is taken
         log.error("cannot run the serving processes: %s", e)
@@ -238,6 +238,19 @@ def supervise(settings: ServerSettings, argv: list[str]) -> int:
     return exit_code
 
 
+def _migration_hint() -> None:
+    """Say so where Linux resets, rather than hands to the other processes, the connections a dying serving
+    process had not accepted yet (net.ipv4.tcp_migrate_req, Linux 5.14+)."""
+    try:
+        with open("/proc/sys/net/ipv4/tcp_migrate_req") as f:
+            migrate = f.read().strip()
+    except OSError:
+        return
+    if migrate == "0":
+        log.info("net.ipv4.tcp_migrate_req is 0: connections a serving process has not accepted yet when it "
+                 "dies are reset, not handed to the others (docs/processes.md: Several serving processes)")  # fmt: skip
+
+
 def _how(returncode: int) -> str:
     if returncode < 0:
         try:
@@ -251,7 +264,10 @@ def _forget_gauges(metrics_dir: str, pid: int) -> None:
     """Drop a dead process's live gauges from /metrics (its counters and histograms stay in the sums)."""
     from prometheus_client import multiprocess
 
-    multiprocess.mark_process_dead(pid, metrics_dir)
+    try:
+        multiprocess.mark_process_dead(pid, metrics_dir)
+    except OSError as e:  # /metrics keeps them: nothing else suffers
+        log.warning("cannot drop the gauges of serving process pid %d from /metrics: %s", pid, e)
 
 
 def _wait_all(children: list[subprocess.Popen], timeout: float) -> None:

@@ -1,5 +1,6 @@
 """--serving_processes: several serving processes share servex's ports, /metrics adds them up, SIGTERM drains
-them all, one that dies stops the group, and what would reach one process only is refused."""
+them all, one that dies before the group served stops it, and what would reach one process only is refused (one
+that dies later is replaced: test_process_restart.py)."""
 
 from __future__ import annotations
 
@@ -21,45 +22,13 @@ from servex.server.config.settings import ServerSettings
 from tests.support.clients import predict_y
 from tests.support.daemon import Daemon, free_port, listening_sockets, metric, run_to_exit
 from tests.support.paths import HALF_PLUS_TWO_TF1
+from tests.support.processes import children as _children
+from tests.support.processes import describe as _describe
+from tests.support.processes import established_on as _established_on
 
 CONNECTIONS = 16
 ALLOWED = sorted(os.sched_getaffinity(0))
 FIRST_INDEX = len(ALLOWED) - 1  # the last allowed CPU: the second process wraps around to the first
-
-
-def _children(pid: int) -> list[int]:
-    return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-
-
-def _describe(pid: int) -> str:
-    """A process's state, parent and command line from /proc (or that it is gone)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return "gone"
-    state, parent = stat.rsplit(")", 1)[1].split()[:2]
-    return f"state {state}, parent {parent}: {cmdline[:200]}"
-
-
-def _established_on(pid: int, port: int) -> int:
-    """Established TCP connections that process ``pid`` holds on local port ``port`` (from /proc)."""
-    inodes = set()
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        try:
-            target = os.readlink(fd)
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
-    count = 0
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in Path(table).read_text().splitlines()[1:]:
-            fields = line.split()
-            local_port = int(fields[1].rsplit(":", 1)[1], 16)
-            if local_port == port and fields[3] == "01" and fields[9] in inodes:
-                count += 1
-    return count
 
 
 def _wait_both_ready(daemon: Daemon, timeout: float = 120) -> None:
@@ -184,13 +153,16 @@ def test_sigterm_while_the_processes_start_exits_zero(tmp_path):
     daemon.stop()
 
 
-def test_a_process_that_dies_stops_the_group(tmp_path):
+def test_a_process_that_dies_before_the_group_served_stops_the_group(tmp_path):
     daemon = Daemon([f"--model_base_path={HALF_PLUS_TWO_TF1}", "--model_name=half", "--serving_processes=2"], tmp_path)
-    daemon.wait_serving()
+    deadline = time.monotonic() + 60
+    while len(_children(daemon.proc.pid)) < 2:  # started, still importing TensorFlow: neither serves yet
+        assert time.monotonic() < deadline and daemon.proc.poll() is None, daemon.log()
+        time.sleep(0.01)
     children = _children(daemon.proc.pid)
     os.kill(children[0], signal.SIGKILL)
-    assert daemon.wait_exit(60) != 0
-    assert "exited with -9: stopping the group" in daemon.log()
+    assert daemon.wait_exit(60) == 1
+    assert "was killed by SIGKILL before the group served: stopping the group" in daemon.log()
     assert not Path(f"/proc/{children[1]}").exists() or Path(f"/proc/{children[1]}/stat").read_text().split()[2] == "Z"
     daemon.stop()
 
