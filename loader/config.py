@@ -108,6 +108,8 @@ def _logging(config: model_server_config_pb2.ModelConfig, where: str) -> Logging
             f"{where}.log_collector_config.filename_prefix is empty: name where the log files go, e.g. "
             f"'/var/log/servex/requests' (files /var/log/servex/requests-<pid>-<n>.tfrecord)"
         )
+    if "\0" in given:  # no file name holds one: opening the log files would fail with ValueError
+        raise InvalidArgument(f"{where}.log_collector_config.filename_prefix {given!r} holds a NUL character")
     prefix = os.path.abspath(given)
     folder = os.path.dirname(prefix)
     if given.endswith(("/", os.sep)) or os.path.isdir(prefix):

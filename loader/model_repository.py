@@ -136,7 +136,7 @@ def read_model(name: str, folder: str) -> tuple[ModelSpec, list[str]]:
             f"{where}: dynamic_batching needs max_batch_size > 0 (the most rows a batch may hold), as in Triton"
         )
     model_file = config.default_model_filename or DEFAULT_MODEL_FILENAME
-    if os.sep in model_file or model_file in (".", ".."):
+    if os.sep in model_file or "\0" in model_file or model_file in (".", ".."):
         raise InvalidArgument(
             f"{where}: default_model_filename {model_file!r} must name a folder in the version folder"
         )

@@ -4,7 +4,8 @@ Parsing: orjson, with a fallback to the standard library only when orjson refuse
 ``NaN``, ``Infinity`` and ``-Infinity`` literals TensorFlow Serving reads and writes are accepted too, and the
 other spellings its rapidjson reads (``Inf``, ``-Inf``, ``-NaN``). What orjson
 refuses for good reasons stays refused on that path: numbers beyond a double's range (``1e400``, which the
-standard library would read as infinity) and strings holding a lone surrogate (``"\\ud800"``, not Unicode text).
+standard library would read as infinity; integers too) and strings holding a lone surrogate (``"\\ud800"``, not
+Unicode text). Integers beyond 64 bits are doubles on both paths, as rapidjson reads them.
 
 Values to arrays: a JSON list (nested to any depth) becomes an array of the dtype the signature or the v2
 datatype asks for, in one vectorized ``np.asarray``. The checks are TensorFlow Serving's: numbers for float
@@ -27,6 +28,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import reprlib
 import struct
 from collections.abc import Callable
 from typing import Any
@@ -78,14 +80,20 @@ def parse(data: bytes | memoryview, what: str = "request body") -> Any:
             )
         return value
 
+    def int64_or_float(text: str) -> int | float:  # as orjson and rapidjson read it: past 64 bits, a double
+        if len(text) <= 20 and -(2**63) <= (value := int(text)) < 2**64:
+            return value
+        return finite_float(text)
+
     raw = bytes(data)
     try:  # NaN / Infinity literals (TensorFlow Serving accepts them): the standard library reads them
-        doc = json.loads(raw, parse_float=finite_float)
+        doc = json.loads(raw, parse_float=finite_float, parse_int=int64_or_float)
     except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nested too deep
         doc = _UNPARSED
         if b"Inf" in raw or b"-NaN" in raw:  # rapidjson's other spellings, which TensorFlow Serving reads too
             try:
-                doc = json.loads(_NON_FINITE.sub(_standard_spelling, raw), parse_float=finite_float)
+                doc = json.loads(_NON_FINITE.sub(_standard_spelling, raw), parse_float=finite_float,
+                                 parse_int=int64_or_float)  # fmt: skip
             except (ValueError, UnicodeDecodeError, RecursionError):
                 pass
         if doc is _UNPARSED:
@@ -102,23 +110,32 @@ def parse(data: bytes | memoryview, what: str = "request body") -> Any:
 
 def lone_surrogate(doc: Any) -> tuple[str, str] | None:
     """Where the first string (a value or an object's key) holding a lone surrogate is in a parsed document, in
-    words, and that surrogate; None when there is none."""
-    stack: list[tuple[Any, str]] = [(doc, "")]
+    words, and that surrogate; None when there is none. Positions are spelled out for the string found only."""
+    stack: list[tuple[Any, tuple | None]] = [(doc, None)]  # (value, (parent's position, step)), None: the top
     while stack:
         value, at = stack.pop()
         if isinstance(value, str):
             bad = _surrogate(value)
             if bad is not None:
-                return f"the string at {at or 'the top level'}", bad
+                return f"the string at {_spelled(at) or 'the top level'}", bad
         elif isinstance(value, list):
-            stack.extend((item, f"{at}[{i}]") for i, item in reversed(list(enumerate(value))))
+            stack.extend((item, (at, i)) for i, item in reversed(list(enumerate(value))))
         elif isinstance(value, dict):
             for key, item in reversed(list(value.items())):
                 bad = _surrogate(key)
                 if bad is not None:
-                    return f"the key {key!r} of {at or 'the top-level object'}", bad
-                stack.append((item, _member(at, key)))
+                    return f"the key {key!r} of {_spelled(at) or 'the top-level object'}", bad
+                stack.append((item, (at, key)))
     return None
+
+
+def _spelled(at: tuple | None) -> str:
+    """A position ``lone_surrogate`` kept (links to the parent's position) in words: ``inputs[0].data``."""
+    steps = []
+    while at is not None:
+        at, step = at
+        steps.append(f"[{step}]" if isinstance(step, int) else _member("_", step)[1:])  # .key or ['a key']
+    return "".join(reversed(steps)).removeprefix(".")
 
 
 def _member(at: str, key: str) -> str:
@@ -162,8 +179,8 @@ def show(value: Any, limit: int = 80) -> str:
         return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
     try:
         text = orjson.dumps(value).decode()
-    except TypeError:
-        text = repr(value)
+    except TypeError:  # not JSON (a NumPy value), or nested past orjson's 254 levels: repr, to a few levels
+        text = reprlib.repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -203,14 +220,24 @@ _EXPECTED = {
 
 
 def first_mismatch(value: Any, accept: Callable[[Any], bool], where: str) -> tuple[str, Any] | None:
-    """The position and value of the first leaf of nested lists that ``accept`` refuses, or None."""
-    if isinstance(value, list):
-        for i, item in enumerate(value):
-            found = first_mismatch(item, accept, f"{where}[{i}]")
-            if found is not None:
-                return found
-        return None
-    return None if accept(value) else (where, value)
+    """The position and value of the first leaf of nested lists that ``accept`` refuses, or None; with a stack of
+    its own (documents nest 1024 levels deep), the position spelled out for the leaf found only."""
+    if not isinstance(value, list):
+        return None if accept(value) else (where, value)
+    path: list[int] = []  # the index taken at each level above the list walked
+    stack = [enumerate(value)]
+    while stack:
+        for i, item in stack[-1]:
+            if isinstance(item, list):
+                path.append(i)
+                stack.append(enumerate(item))
+                break
+            if not accept(item):
+                return where + "".join(f"[{j}]" for j in path) + f"[{i}]", item
+        else:
+            stack.pop()
+            del path[-1:]
+    return None
 
 
 def shape_of(value: Any) -> list[int]:

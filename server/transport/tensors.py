@@ -204,6 +204,17 @@ def to_ndarray(proto: tensor_pb2.TensorProto, name: str, max_bytes: int | None =
     return _to_ndarray(proto, name, max_bytes)[0]
 
 
+def _check_bools(name: str, content: bytes) -> None:
+    """A DT_BOOL tensor_content holds one byte per element, 0 or 1 (TensorFlow's Tensor::FromProto refuses others)."""
+    octets = np.frombuffer(content, np.uint8)
+    if octets.max() > 1:
+        bad = int(np.flatnonzero(octets > 1)[0])
+        raise InvalidArgument(
+            f"input {name!r}: DT_BOOL tensor_content holds byte {octets[bad]} at element {bad}; each element is one "
+            f"byte, 0 or 1"
+        )
+
+
 def _to_ndarray(
     proto: tensor_pb2.TensorProto, name: str, max_bytes: int | None, broadcast: int = 0, left: int | None = None
 ) -> tuple[np.ndarray, int, int]:
@@ -232,6 +243,8 @@ def _to_ndarray(
                 f"input {name!r}: tensor_content holds {len(content)} bytes, but {DT.Name(proto.dtype)} of shape "
                 f"{list(shape)} needs {count * dtype.itemsize} ({count} x {dtype.itemsize} bytes)"
             )
+        if proto.dtype == types_pb2.DT_BOOL and count:
+            _check_bools(name, content)
         return np.frombuffer(content, dtype=dtype).reshape(shape), 0, 0
     values = getattr(proto, field)
     per_element = 2 if field in ("scomplex_val", "dcomplex_val") else 1

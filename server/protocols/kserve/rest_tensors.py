@@ -105,9 +105,9 @@ def _from_data(data: Any, datatype: str, dtype: np.dtype, shape: list, count: in
     if dtype.kind == "O":
         leaves: list = []
         _leaves(data, leaves)
-        bad = next((v for v in leaves if not isinstance(v, str)), None)
+        bad = next((i for i, v in enumerate(leaves) if not isinstance(v, str)), None)  # null is no string either
         if bad is not None:
-            raise InvalidArgument(f"{expects}: {where} holds {codec.show(bad)}, expected strings for BYTES")
+            raise InvalidArgument(f"{expects}: {where} holds {codec.show(leaves[bad])}, expected strings for BYTES")
         array = np.empty(len(leaves), dtype=object)
         array[:] = [v.encode() for v in leaves]
     else:
@@ -118,11 +118,17 @@ def _from_data(data: Any, datatype: str, dtype: np.dtype, shape: list, count: in
 
 
 def _leaves(value: Any, out: list) -> None:
-    if isinstance(value, list):
-        for item in value:
-            _leaves(item, out)
-    else:
-        out.append(value)
+    """The leaves of nested lists, in order, into ``out``; with a stack of its own, so that lists nested as deep
+    as a document may hold them (1023 levels) take no Python stack."""
+    stack = [iter([value])]
+    while stack:
+        for item in stack[-1]:
+            if isinstance(item, list):
+                stack.append(iter(item))
+                break
+            out.append(item)
+        else:
+            stack.pop()
 
 
 def encode_outputs(
