@@ -92,6 +92,9 @@ def check(tls: TlsSettings, names: dict[str, str] | None = None) -> None:
     """TlsConfigError unless the key and certificate chain parse and match, and custom_ca parses (and is given
     where client_verify asks for it). ``names``: what the messages call each field (default: SSLConfig's names)."""
     name = names or {field: field for field in PEM_FLAGS}
+    for field in PEM_FLAGS:  # OpenSSL's PEM reader skips past one, gRPC takes the text as a C string: cut at it
+        if "\0" in getattr(tls, field):
+            raise TlsConfigError(f"{name[field]} holds a NUL character: gRPC would read its PEM text only up to it")
     for field, value in (("server_key", tls.server_key), ("server_cert", tls.server_cert)):
         if not value.strip():
             hint = "" if names else ": it holds the PEM text itself (-----BEGIN ...), not a file path"

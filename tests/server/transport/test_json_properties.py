@@ -102,7 +102,7 @@ def _same(got: np.ndarray, want: np.ndarray) -> bool:
     if got.shape != want.shape or got.dtype != want.dtype:
         return False
     if got.dtype.kind == "O":
-        return got.tolist() == want.tolist()
+        return got.reshape(-1).tolist() == want.reshape(-1).tolist()
     if json_codec.dtype_kind(got.dtype) == "float":
         return np.array_equal(got.astype(np.float64), want.astype(np.float64), equal_nan=True)
     return np.array_equal(got, want)
