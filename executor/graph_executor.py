@@ -27,6 +27,7 @@ from tensorflow.core.framework import types_pb2
 from tensorflow.core.protobuf import config_pb2
 
 from servex.executor.cost_model import ThreadModeChooser
+from servex.executor.memory import BUILD_BYTES_PER_OP, MEMORY
 from servex.executor.metrics import CacheMetrics
 from servex.executor.op_policy import OpPolicy
 from servex.loader.errors import InvalidArgument, ServingError, error_with_code
@@ -308,10 +309,13 @@ class GraphExecutor:
             options.run_options.inter_op_thread_pool = -1
         # Session.MakeCallable prunes the graph to what these feeds/fetches/targets need and builds its
         # executors now, so the first run pays nothing more.
+        need = MEMORY.admit(len(ops) * BUILD_BYTES_PER_OP, "build", f"building client graph {printed!r}")
         try:
             fn = self.model.session._make_callable_from_options(options)
         except tf.errors.OpError as e:  # e.g. a tensor both fed and fetched
             raise error_with_code(e.error_code, f"cannot build client graph {printed!r}: {e.message}") from e
+        finally:
+            MEMORY.release(need)
         make_pooled = chooser = None
         if self._run_in_caller_thread:  # compute-bound graphs may run faster handed to the inter-op pool
             pooled_options = config_pb2.CallableOptions()
@@ -445,14 +449,22 @@ class GraphExecutor:
 
     def _restore_variables(self, graph: LoadedClientGraph) -> None:
         """Lazy restoration: the variables this client graph reads, each restored once, before its first run."""
-        pending = self.model.variables.ensure(graph.variables)
-        if pending is not None:
-            try:
+        store = self.model.variables
+        need = 0
+        if MEMORY.limit:  # the variables' own sizes, from the checkpoint's index
+            unread = [n for n in graph.variables if n in store.records and not store.loaded.placed(n, store.device)]
+            size = sum(store.records[n].nbytes for n in unread)
+            need = MEMORY.admit(size, "restore", f"restoring {len(unread)} variable(s) of {graph.key!r}")
+        try:
+            pending = store.ensure(graph.variables)
+            if pending is not None:
                 pending.result()
-            except ServingError:
-                raise
-            except Exception as e:
-                raise error_with_code(13, f"restoring the variables of {graph.key!r} failed: {e}") from e
+        except ServingError:
+            raise
+        except Exception as e:
+            raise error_with_code(13, f"restoring the variables of {graph.key!r} failed: {e}") from e
+        finally:
+            MEMORY.release(need)
         graph.variables_ready = True
 
     def _plan(self, plan_key: tuple) -> _Plan:

@@ -18,6 +18,7 @@ import tensorflow as tf
 from grpc_health.v1 import health, health_pb2
 
 from servex.executor import GraphExecutor, RunHandler
+from servex.executor.memory import MEMORY
 from servex.executor.metrics import CacheMetrics, VariableMetrics
 from servex.loader import ModelManager, load_saved_model
 from servex.loader.config import ModelSpec
@@ -27,7 +28,7 @@ from servex.server.affinity import LoopPin
 from servex.server.config.batching import batching_options, per_model_batching
 from servex.server.config.settings import ServerSettings
 from servex.server.core import ServingCore
-from servex.server.cores import usable_cores
+from servex.server.cores import cgroup_memory_limit, usable_cores
 from servex.server.lifecycle import Lifecycle, initial_specs
 from servex.server.observability import tracing
 from servex.server.observability.metrics import model_load, register_triton_names, start_metrics_server, watch_loop_lag
@@ -185,6 +186,20 @@ def start_line(settings: ServerSettings, specs: list[ModelSpec]) -> str:
     return f"servex {version}: serving {what}; {', '.join(ports)}"
 
 
+def configure_memory(settings: ServerSettings) -> None:
+    """The memory this process admits work against (executor/memory.py): --max_memory_bytes, else the cgroup's
+    limit; serving processes share it equally."""
+    limit, source = settings.max_memory_bytes, "--max_memory_bytes"
+    if not limit:
+        limit, source = cgroup_memory_limit() or 0, "the cgroup's memory limit"
+    share = settings.process_group_size
+    if limit and share > 1:
+        limit, source = limit // share, f"a 1/{share} share of {source} ({limit} bytes), one per serving process"
+    MEMORY.configure(limit, source)
+    if limit:
+        log.info("memory: admitting work against %d bytes (%s)", limit, source)
+
+
 def make_run_handler(settings: ServerSettings, batching) -> RunHandler:
     return RunHandler(
         settings.num_run_workers,
@@ -206,6 +221,7 @@ class Process:
     def __init__(self, settings: ServerSettings, loop: asyncio.AbstractEventLoop, batching):
         self.settings = settings
         tracing.configure(parse_trace_config(settings.trace_config))  # checked by the CLI
+        configure_memory(settings)
         self.run_handler = make_run_handler(settings, batching)
         warmup = None
         if settings.enable_model_warmup:

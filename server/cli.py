@@ -119,6 +119,8 @@ def _check_bounds(args: argparse.Namespace, admin_port: int, fail) -> None:
         fail(f"--grpc_listeners must be at least 1, got {args.grpc_listeners}")
     if args.max_queued_bytes < 0:
         fail(f"--max_queued_bytes must be 0 (no bound) or more, got {args.max_queued_bytes}")
+    if args.max_memory_bytes < 0:
+        fail(f"--max_memory_bytes must be 0 (the cgroup's limit, if any) or more, got {args.max_memory_bytes}")
     if args.lower_priority_burst < 0:
         fail(f"--lower_priority_burst must be 0 (off) or more, got {args.lower_priority_burst}")
     if args.event_loop_cpu != -1:

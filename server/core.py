@@ -19,6 +19,7 @@ from typing import NamedTuple
 import numpy as np
 
 from servex.executor import GraphExecutor, RunHandler, client_graph_key
+from servex.executor.memory import MEMORY
 from servex.executor.run_handler import Ticket
 from servex.loader.errors import FailedPrecondition, InvalidArgument, ServingError
 from servex.loader.manager import ModelManager, ServedVersion
@@ -75,7 +76,7 @@ class RequestInfo:
     add their spans to."""
 
     __slots__ = ("priority", "deadline", "version", "signature", "_compute_input", "_compute_output", "answer_bytes",
-                 "trace")  # fmt: skip
+                 "trace", "memory")  # fmt: skip
 
     def __init__(self, priority: int = 0, deadline: float | None = None):
         self.priority = priority
@@ -86,6 +87,7 @@ class RequestInfo:
         self._compute_output = 0.0
         self.answer_bytes: int | None = None  # an upper bound on the answer's size, when the adapter knows one
         self.trace = None  # a RequestTrace when this call is traced
+        self.memory = 0  # bytes admitted for its runs (executor/memory.py), given back when the call ends
 
     @property
     def compute_input(self) -> float:
@@ -223,15 +225,20 @@ class ServingCore:
         pending = lease.served.servable.prepare(tuple(feeds), fetches, (), "", self.pin_signature_graphs)
         if pending is not None:
             return self._run_when_prepared(lease, pending, feeds, fetches, signature_name)
-        return self.run_handler.submit_batchable(
-            lease.served.servable, dict(feeds), fetches, self.pin_signature_graphs, self.ticket(lease, signature_name)
-        )
+        return self._submit_batchable(lease, feeds, fetches, signature_name)
 
     async def _run_when_prepared(self, lease: Lease, pending, feeds, fetches, signature_name: str):
         await _prepare(lease, pending)
-        return await self.run_handler.submit_batchable(
+        return await self._submit_batchable(lease, feeds, fetches, signature_name)
+
+    def _submit_batchable(self, lease: Lease, feeds, fetches, signature_name: str):
+        graph = admit_run(lease.served, feeds, fetches) if MEMORY.limit else None
+        future = self.run_handler.submit_batchable(
             lease.served.servable, dict(feeds), fetches, self.pin_signature_graphs, self.ticket(lease, signature_name)
         )
+        if graph is not None:
+            future.add_done_callback(functools.partial(_learn, graph, feeds))
+        return future
 
     @staticmethod
     async def _prepared(lease: Lease, feeds, fetches, targets, graph_name: str, pin: bool) -> None:
@@ -309,10 +316,13 @@ class ServingCore:
             executor = served.servable
             try:
                 await self._prepared(lease, feeds, fetches, targets, graph_name, False)
+                graph = admit_run(served, feeds, (*fetches, *targets, graph_name)) if MEMORY.limit else None
                 ticket = self.ticket(lease, self._graph_label(served.name, graph_name))
                 values = await self.run_handler.submit(
                     executor.run, feeds, fetches, targets, graph_name, ticket=ticket, inputs=feeds
                 )
+                if graph is not None:
+                    MEMORY.learn(graph, feeds.values(), values)
             except ServingError as e:  # the client graph's build or the run: say which model it was
                 raise e.within(f"model {served.name!r} version {served.version}") from e
             key = client_graph_key(feeds, fetches, targets)
@@ -399,6 +409,41 @@ async def _prepare(lease: Lease, pending) -> None:
     finally:
         if trace is not None:
             trace.add("build", started, time.perf_counter(), {"servex.client_graph.cache": "build"})
+
+
+def admit_run(served: ServedVersion, feeds: Mapping[str, np.ndarray], fetches: Sequence[str]) -> tuple | None:
+    """Admit a run against the memory limit (executor/memory.py) for the current call, which gives it back when it
+    ends; returns the key its outputs' size is learned under (None: not a call's run, as a warm-up's)."""
+    info = REQUEST.get(None)
+    if info is None:
+        return None
+    graph = (id(served.servable), tuple(feeds), tuple(fetches))
+    need = MEMORY.run_need(graph, feeds.values(), lambda: _declared_row_bytes(served, fetches))
+    info.memory += MEMORY.admit(need, "run", f"a run of model {served.name!r} version {served.version}")
+    return graph
+
+
+def _declared_row_bytes(served: ServedVersion, fetches: Sequence[str]) -> float:
+    """The bytes per row of ``fetches`` (tensor names) that the version's signatures declare (dimensions after the
+    first all known), 0 when one is not declared so; for a run's admission before its first run is seen."""
+    declared = {s.name: s for sig in served.servable.model.signatures.values() for s in sig.outputs.values()}
+    total = 0
+    for name in fetches:
+        spec = declared.get(name)
+        if (
+            spec is None
+            or spec.shape is None
+            or spec.dtype.kind in "SUO"
+            or any(d is None or d < 0 for d in spec.shape[1:])
+        ):
+            return 0
+        total += int(np.prod(spec.shape[1:], dtype=np.int64)) * spec.dtype.itemsize
+    return total
+
+
+def _learn(graph: tuple, feeds: Mapping[str, np.ndarray], future: asyncio.Future) -> None:
+    if not future.cancelled() and future.exception() is None:
+        MEMORY.learn(graph, feeds.values(), future.result())
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The CPU cores servex may use: its CPU affinity, bounded by its cgroup's CPU quota.
+"""The CPU cores servex may use (its CPU affinity, bounded by its cgroup's CPU quota), and its cgroup's memory limit.
 
 A container given ``resources.limits.cpu: 2`` on a 64-core node sees 64 CPUs in ``os.cpu_count()`` and usually in
 its affinity too; only the cgroup's quota (``cpu.max`` in cgroup v2, ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``
@@ -15,9 +15,10 @@ from pathlib import Path
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
-def _cgroup_dirs(root: Path, proc_self_cgroup: Path) -> list[Path]:
-    """The cgroup folders that hold this process's CPU controller, innermost first (v2, then v1 layouts)."""
-    mounts = ("cpu,cpuacct", "cpu", "cpuacct,cpu")
+def _cgroup_dirs(root: Path, proc_self_cgroup: Path, controller: str = "cpu") -> list[Path]:
+    """The cgroup folders that hold this process's ``controller`` (cpu, memory), innermost first (v2, then v1
+    layouts)."""
+    mounts = ("cpu,cpuacct", "cpu", "cpuacct,cpu") if controller == "cpu" else (controller,)
     dirs = []
     try:
         lines = proc_self_cgroup.read_text().splitlines()
@@ -28,7 +29,7 @@ def _cgroup_dirs(root: Path, proc_self_cgroup: Path) -> list[Path]:
         relative = path.lstrip("/")
         if controllers == "":  # v2: one unified hierarchy
             dirs.append(root / relative)
-        elif "cpu" in controllers.split(","):  # v1: the cpu controller's own hierarchy
+        elif controller in controllers.split(","):  # v1: the controller's own hierarchy
             dirs.extend(root / mount / relative for mount in mounts)
     # Inside a container the process's own cgroup is mounted at the hierarchy's root.
     return [*dirs, root, *(root / mount for mount in mounts)]
@@ -54,6 +55,28 @@ def cgroup_cpu_limit(root: Path = CGROUP_ROOT, proc_self_cgroup: Path = Path("/p
         if cores > 0:
             return cores
     return None
+
+
+UNLIMITED_MEMORY = 1 << 62  # cgroup v1 writes "no limit" as the largest page-aligned 64-bit number
+
+
+def cgroup_memory_limit(root: Path = CGROUP_ROOT, proc_self_cgroup: Path = Path("/proc/self/cgroup")) -> int | None:
+    """The memory this process's cgroup may use, in bytes: the smallest limit of its cgroup and of those above it,
+    which bind it too (v2 ``memory.max``, v1 ``memory.limit_in_bytes``); None: no limit."""
+    folders = []
+    for folder in _cgroup_dirs(root, proc_self_cgroup, "memory"):
+        folders.extend([folder, *(p for p in folder.parents if root in p.parents)])
+    limits = []
+    for folder in dict.fromkeys(folders):
+        for name in ("memory.max", "memory.limit_in_bytes"):
+            try:
+                text = (folder / name).read_text().strip()
+            except OSError:
+                continue
+            if text.isdigit() and 0 < int(text) < UNLIMITED_MEMORY:
+                limits.append(int(text))
+            break
+    return min(limits) if limits else None
 
 
 def affinity_cores() -> int:

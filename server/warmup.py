@@ -21,6 +21,7 @@ import time
 from tensorflow_serving.apis import prediction_log_pb2
 
 from servex.executor import GraphExecutor, RunHandler
+from servex.executor.memory import MEMORY
 from servex.loader import LoadError, ServedVersion, ServingError
 from servex.loader.manager import AVAILABLE
 from servex.loader.warmup_records import read_warmup_records
@@ -120,10 +121,15 @@ class Warmup:
         )  # fmt: skip
 
     async def _run(self, name: str, records: list[prediction_log_pb2.PredictionLog], core: ServingCore) -> None:
-        REQUEST.set(RequestInfo())
+        info = RequestInfo()
+        REQUEST.set(info)
         for i, record in enumerate(records):
             try:
                 for _ in range(self.iterations):
-                    await _replay(record, name, core, self.max_tensor_bytes)
+                    try:
+                        await _replay(record, name, core, self.max_tensor_bytes)
+                    finally:  # what its run was admitted with (executor/memory.py)
+                        MEMORY.release(info.memory)
+                        info.memory = 0
             except ServingError as e:
                 raise LoadError(f"warm-up record {i} ({record.WhichOneof('log_type')}) failed: {e.message}") from e

@@ -262,6 +262,14 @@ class ServerSettings:
         "bytes that the input tensors of all queued requests may hold; a request that would pass it gets "
         "RESOURCE_EXHAUSTED at once, unless nothing is queued (0: no bound)",
     )
+    max_memory_bytes: int = flag(
+        0,
+        BATCHING,
+        "the memory servex may use, in bytes: work (a request's message, a run's inputs and outputs, a client "
+        "graph's build, a lazy restore) that would take it past that gets RESOURCE_EXHAUSTED (REST 429) at once "
+        "(0: the cgroup's memory limit, if any; serving processes share it)",
+        doc="See [Scheduling](scheduling.md#memory-aware-admission).",
+    )
     priority_aging_ms: float = flag(
         100.0,
         BATCHING,

@@ -32,8 +32,9 @@ import orjson
 from aiohttp import http_exceptions, web
 from aiohttp.web import ContentCoding
 
+from servex.executor.memory import MEMORY
 from servex.executor.run_handler import DeadlineExceeded
-from servex.loader.errors import InvalidArgument, ServingError
+from servex.loader.errors import InvalidArgument, ResourceExhausted, ServingError
 from servex.server.core import REQUEST, RequestInfo, ServingCore, priority_from_text
 from servex.server.observability.tracing import TRACER
 from servex.server.transport import tensors
@@ -73,6 +74,11 @@ JSON_LIMIT_REASON = (
 )
 # An object (string) array with more elements than this counts as large without summing its strings' lengths.
 OBJECT_ELEMENTS_LARGE = 1024
+
+
+# A JSON body's bytes as the memory limit counts them once decoded: the body, its numbers as Python objects (about
+# 32 bytes for each few characters), and the arrays made from them.
+JSON_COPIES = 6
 
 
 class HttpError(ServingError):
@@ -269,6 +275,13 @@ class Rest:
         limit, reason = (self.max_json_bytes, JSON_LIMIT_REASON) if json else (self.max_body_bytes, BODY_LIMIT_REASON)
         if request.content_length is not None and request.content_length > limit:
             raise too_large(f"the request body has {request.content_length} bytes, more than", limit, reason)
+        info = REQUEST.get(None)
+        if MEMORY.limit and request.content_length and info is not None:  # admitted before it is read
+            size = request.content_length
+            try:  # the body, and what decoding makes of it (JSON's numbers as Python objects, then arrays)
+                info.memory += MEMORY.admit(size * (JSON_COPIES if json else 2), "message", f"a body of {size} bytes")
+            except ResourceExhausted as e:  # not read: the connection cannot go on
+                raise HttpError(e.message, e.code, 429, {"Connection": "close"}) from None
         try:
             if self.body_timeout_s > 0:
                 async with asyncio.timeout(self.body_timeout_s):

@@ -14,6 +14,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
+from servex.executor.memory import MEMORY
 from servex.executor.run_handler import DeadlineExceeded
 from servex.loader.errors import InvalidArgument, ResourceExhausted, ServingError
 from servex.server.core import REQUEST, RequestInfo, priority_from_text
@@ -87,13 +88,20 @@ def _no_name(request) -> str:
     return ""
 
 
+# A message's copies, as the memory limit counts them before it is parsed: the parsed message, and its tensors'
+# bytes once decoded (gRPC's copy of the received bytes is resident already).
+MESSAGE_COPIES = 2
+
+
 class Malformed:
-    """A request message that does not parse, handed to servex's methods in its place (see ``lenient``)."""
+    """A request message that does not parse, or that the memory limit refuses, handed to servex's methods in its
+    place (see ``lenient``); ``error`` is the ServingError they answer."""
 
-    __slots__ = ("message",)
+    __slots__ = ("message", "error")
 
-    def __init__(self, message: str):
+    def __init__(self, message: str, error: type[ServingError] = InvalidArgument):
         self.message = message
+        self.error = error
 
 
 _MODEL_NAME_OF[Malformed] = _no_name
@@ -112,6 +120,11 @@ def lenient(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
     what = descriptor.full_name if descriptor is not None else "request"
 
     def parse_or_say(raw: bytes):
+        if MEMORY.limit:  # parsing copies the message, decoding its tensors again: admitted first
+            try:
+                MEMORY.check(MESSAGE_COPIES * len(raw), "message", f"a {what} message of {len(raw)} bytes")
+            except ResourceExhausted as e:
+                return Malformed(e.message, ResourceExhausted)
         try:
             return parse(raw)
         except DecodeError as e:
@@ -133,13 +146,16 @@ def rpc(method):
         deadline = None
         try:
             if type(request) is Malformed:
-                raise InvalidArgument(request.message)
+                raise request.error(request.message)
             metadata = context.invocation_metadata() or ()
             info = request_info(context, metadata)
             deadline = info.deadline  # the call's own (a request parameter may shorten info's for the queue)
             if TRACER.enabled:
                 info.trace = TRACER.start(name, model, lambda: metadata)
             REQUEST.set(info)
+            if MEMORY.limit:  # its tensors' decoding, held until the call ends (executor/memory.py)
+                size = request.ByteSize()
+                info.memory = MEMORY.admit(size, "message", f"a {name} request of {size} bytes")
             answer = await method(self, request, context)
             if deadline is not None and time.monotonic() > deadline:
                 # gRPC has told the client DEADLINE_EXCEEDED already; count the call so, not OK.
@@ -227,6 +243,9 @@ def check_answer_size(answer, limit: int | None, method: str) -> None:
 def record(core, method: str, model: str, info: RequestInfo, code: str, start: float) -> None:
     """Count and time one answered call (any protocol); models not served share one label, so a client cannot
     grow the metrics with made-up names."""
+    if info.memory:  # what its runs were admitted with (executor/memory.py)
+        MEMORY.release(info.memory)
+        info.memory = 0
     label = model if core.is_served(model) else UNKNOWN_MODEL_LABEL
     seconds = time.perf_counter() - start
     exemplar = None

@@ -191,10 +191,18 @@ class Daemon:
     never for a process group (--serving_processes), whose supervisor imports no TensorFlow."""
 
     def __init__(
-        self, args: list[str], log_dir: Path, rest: bool = False, credentials=None, port_flags=(), spare: bool = False
+        self,
+        args: list[str],
+        log_dir: Path,
+        rest: bool = False,
+        credentials=None,
+        port_flags=(),
+        spare: bool = False,
+        prefix=(),
     ):
         self.args = list(args)
-        self.spare = spare and not _group(self.args)
+        self.prefix = list(prefix)  # a command that execs servex's (say, into a cgroup): never a spare then
+        self.spare = spare and not _group(self.args) and not self.prefix
         self.log_dir = log_dir
         self.rest = rest
         self.credentials = credentials
@@ -224,7 +232,8 @@ class Daemon:
         if spare is not None:
             self.proc = spare.run(cmd[3:], self.log_path)  # the flags (after python -m servex.server)
         else:
-            self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT, env=_environment())
+            self.proc = subprocess.Popen([*self.prefix, *cmd], cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT,
+                                         env=_environment())  # fmt: skip
         if self.credentials is None:
             self.channel = grpc.insecure_channel(self.address)
         else:

@@ -225,7 +225,7 @@ class KServeService(_ServerCalls, _ModelCalls, pb_grpc.GRPCInferenceServiceServi
         error = answer = None
         try:
             if type(request) is Malformed:
-                raise InvalidArgument(request.message)
+                raise request.error(request.message)
             info = request_info(context)
             deadline = info.deadline  # the stream's own (a request parameter may shorten info's for the queue)
             REQUEST.set(info)  # this task's own context: each request has its own
