@@ -63,11 +63,13 @@ def port_clash(output: str, ports) -> bool:
 
 
 DAEMON_PYTHON = os.environ.get("SERVEX_TEST_DAEMON_PYTHON") or sys.executable
+# Flags every daemon gets before its own (say, --max_memory_bytes=... to run the tests with admission on).
+DAEMON_FLAGS = os.environ.get("SERVEX_TEST_DAEMON_FLAGS", "").split()
 
 
 def _servex(ports: dict[str, int], args: list[str]) -> list[str]:
     return [DAEMON_PYTHON, "-m", "servex.server", *(f"{flag}={port}" for flag, port in ports.items()),
-            "--bind_address=127.0.0.1", *args]  # fmt: skip
+            "--bind_address=127.0.0.1", *DAEMON_FLAGS, *args]  # fmt: skip
 
 
 def _flags(rest: bool, port_flags) -> list[str]:
