@@ -84,6 +84,7 @@ class MemoryBudget:
         self._rss_at = -1.0
         self._page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
         self._statm: int | None = None
+        self._pid = 0
         self._per_row: dict[Hashable, float] = {}
 
     def configure(self, limit: int, source: str) -> None:
@@ -100,8 +101,8 @@ class MemoryBudget:
     def resident(self) -> int:
         """This process's resident memory now, in bytes, less the file pages it shares (its libraries' code, which
         the kernel can drop and read again): what its cgroup cannot take back."""
-        if self._statm is None:
-            self._statm = os.open("/proc/self/statm", os.O_RDONLY)
+        if self._statm is None or self._pid != os.getpid():  # opened once per process (/proc/self is resolved then)
+            self._statm, self._pid = os.open("/proc/self/statm", os.O_RDONLY), os.getpid()
         fields = os.pread(self._statm, 128, 0).split()
         return (int(fields[1]) - int(fields[2])) * self._page
 
