@@ -22,9 +22,14 @@ from tritonclient.grpc import service_pb2_grpc
 TRICKLE_BODY = b'{"instances": [' + b"1.0, " * 200 + b"1.0]}"
 
 
+def _seconds(s: float) -> str:
+    return next((name for limit, name in ((1, "< 1 s"), (5, "1-5 s"), (15, "5-15 s")) if s < limit), "> 15 s")
+
+
 def trickle_one(port: int, tally: Tally, stop: threading.Event, every_s: float = 0.25) -> None:
-    """Headers, then the body a byte every ``every_s`` (never the last one): servex must answer 408 and close
-    once --rest_api_body_timeout_in_ms has passed (``rest_trickle``)."""
+    """Headers, then the body a byte every ``every_s`` (never the last one) until servex answers: 408 once
+    --rest_api_body_timeout_in_ms has passed, the connection closed within 30 s (``rest_trickle``; how long the
+    close took is noted)."""
     start = time.monotonic()
     answer, closed = b"", False
     try:
@@ -36,22 +41,26 @@ def trickle_one(port: int, tally: Tally, stop: threading.Event, every_s: float =
                 if stop.is_set() or time.monotonic() - start > 60:
                     break
                 try:
-                    chunk = sock.recv(65536)
-                    if not chunk:
-                        closed = True
-                        break
-                    answer += chunk
+                    answer = sock.recv(65536)
+                    closed = not answer
+                    break  # answered (or closed): no more bytes
                 except TimeoutError:
                     pass
                 try:
                     sock.sendall(bytes([byte]))
-                except OSError:
+                except OSError:  # closed by servex: its answer may wait to be read
                     break
-            sock.settimeout(10)
-            while not closed:
-                chunk = sock.recv(65536)
-                answer += chunk
-                closed = not chunk
+            answered = time.monotonic()
+            sock.settimeout(30)
+            try:
+                while not closed:
+                    chunk = sock.recv(65536)
+                    answer += chunk
+                    closed = not chunk
+            except ConnectionResetError:
+                closed = True  # closed by servex with bytes of ours unread
+            if answer and closed:
+                tally.note(f"trickle: connection closed {_seconds(time.monotonic() - answered)} after the answer")
     except OSError:
         pass
     if not answer:

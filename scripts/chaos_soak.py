@@ -72,7 +72,7 @@ def sample(daemon: Daemon, group: Group, start: float, calls: int) -> dict:
     for pid in group.workers():
         try:
             workers.append(process_sample(pid))
-        except OSError:  # gone between the listing and the read
+        except (OSError, KeyError):  # gone between the listing and the read, or killed and not yet reaped
             pass
     every = [supervisor, *workers]
     return {
@@ -153,6 +153,17 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     storage = Storage(work)
     daemon, group, config, models = start(a, work, storage)
+    try:
+        summary = soak(a, work, storage, daemon, group, config, models)
+    finally:
+        code = daemon.stop()
+    print(json.dumps({"servex_exit_code": code}), flush=True)
+    if summary["unexpected"] or summary["servex_died"]:
+        sys.exit(1)
+
+
+def soak(a, work: Path, storage: Storage, daemon: Daemon, group: Group, config: Path, models: dict) -> dict:
+    """The run itself: callers, faults and samples for ``--minutes``; its summary, printed."""
     tally, stop, disruptive = Tally(), threading.Event(), threading.Lock()
     rng = random.Random(a.seed)
     threads, faults = [], []
@@ -251,10 +262,7 @@ def main() -> None:
         "servex_flags": a.servex_flag,
     }
     print(json.dumps({"summary": summary}, indent=1), flush=True)
-    code = daemon.stop()
-    print(json.dumps({"servex_exit_code": code}), flush=True)
-    if summary["unexpected"] or died is not None:
-        sys.exit(1)
+    return summary
 
 
 if __name__ == "__main__":

@@ -4,9 +4,10 @@
                            [--tls | --tls=mutual]
 
 Starts servex (on the kit's MLP and TensorFlow Serving's half_plus_two) and keeps ``--callers`` threads sending,
-over every API it serves (the calls are in scripts/soak_traffic.py; scripts/chaos_soak.py sends them too), a mix of answered calls and the failures a client can cause: unknown models, wrong names,
-dtypes and shapes, bytes that do not parse, bad JSON, deadlines too short to meet, calls cancelled while queued or
-running, streams cut mid-way, shared-memory regions registered and unregistered. Every ``--reload_every`` seconds it
+over every API it serves, a mix of answered calls and the failures a client can cause (scripts/soak_traffic.py;
+scripts/chaos_soak.py sends them too): unknown models, wrong names, dtypes and shapes, bytes that do not parse, bad
+JSON, deadlines too short to meet, calls cancelled while queued or running, streams cut mid-way, shared-memory
+regions registered and unregistered. Every ``--reload_every`` seconds it
 reloads the model config with or without a second copy of half_plus_two, so versions load and unload throughout.
 Every unexpected answer is counted (``unexpected`` in the summary must stay 0), and
 so are the tracebacks in servex's log (``log_tracebacks``, 0 too).
