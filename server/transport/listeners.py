@@ -26,6 +26,21 @@ import grpc
 
 from servex.server.transport.rpc import lenient
 
+# A client that stops reading its socket keeps its calls open: gRPC sends an answer only as far as the client's
+# HTTP/2 window allows and ends a call once its answer and status are written, so the whole answer (about 4 times
+# its size: the message, its bytes, gRPC core's copies) is held until the call's deadline, until the client goes
+# away, or until the server gives up on the connection: it pings a connection that has sent nothing for
+# keepalive_time while calls are open (gRPC's default: 2 hours), and a ping not answered within the ping timeout
+# (gRPC's default: 1 minute) closes it, ending its calls. With these, a client that stopped reading and set no
+# deadline is let go within 80 s of its last frame (grpcio 1.85: the ping timeout is what closes the connection;
+# keepalive_timeout is gRPC's default, kept for versions that go by it). Every HTTP/2 client answers pings, and
+# --grpc_channel_arguments overrides each value.
+KEEPALIVE = {
+    "grpc.keepalive_time_ms": 60_000,
+    "grpc.keepalive_timeout_ms": 20_000,
+    "grpc.http2.ping_timeout_ms": 20_000,
+}
+
 
 class ListenerGroup(grpc.aio.Server):
     """``count`` grpc.aio servers with the same services on the same port.
@@ -39,6 +54,8 @@ class ListenerGroup(grpc.aio.Server):
         if count < 1:
             raise ValueError(f"a listener group needs at least 1 listener, got {count}")
         reuse = 1 if count > 1 or shared_port else 0
+        given = {k for k, _ in options}
+        options = [*((k, v) for k, v in KEEPALIVE.items() if k not in given), *options]
         options = [(k, v) for k, v in options if k != "grpc.so_reuseport"] + [("grpc.so_reuseport", reuse)]
         self.servers = [grpc.aio.server(options=options) for _ in range(count)]
         self.shared_port = shared_port
