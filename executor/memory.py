@@ -130,6 +130,17 @@ class MemoryBudget:
             ADMITTED.set(self._reserved)
         return need
 
+    def room(self) -> int:
+        """The bytes still free to admit: usable, less resident memory (at most RSS_REFRESH_SECONDS old) and what
+        admitted work may still allocate (without a limit: as good as endless)."""
+        if not self.limit:
+            return 1 << 62
+        with self._lock:
+            now = time.monotonic()
+            if now - self._rss_at > RSS_REFRESH_SECONDS:
+                self._rss, self._rss_at = self.resident(), now
+            return self.usable - self._rss - self._reserved
+
     def release(self, reserved: int) -> None:
         if reserved:
             with self._lock:

@@ -20,6 +20,7 @@ from servex.loader.errors import InvalidArgument, ResourceExhausted, ServingErro
 from servex.server.core import REQUEST, RequestInfo, priority_from_text
 from servex.server.observability import metrics
 from servex.server.observability.tracing import TRACER
+from servex.server.transport.reception import RECEPTION, gated
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +122,7 @@ def lenient(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
 
     def parse_or_say(raw: bytes):
         if MEMORY.limit:  # parsing copies the message, decoding its tensors again: admitted first
+            RECEPTION.seen(len(raw))
             try:
                 MEMORY.check(MESSAGE_COPIES * len(raw), "message", f"a {what} message of {len(raw)} bytes")
             except ResourceExhausted as e:
@@ -130,7 +132,10 @@ def lenient(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         except DecodeError as e:
             return Malformed(f"the request is not a valid {what} message: {e}")
 
-    return handler._replace(request_deserializer=parse_or_say)
+    handler = handler._replace(request_deserializer=parse_or_say)
+    if MEMORY.limit and handler.unary_unary is not None:  # received when it fits (server/transport/reception.py)
+        handler = gated(handler, lambda message: Malformed(message, ResourceExhausted))
+    return handler
 
 
 def rpc(method):
