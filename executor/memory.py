@@ -22,8 +22,8 @@ The limit: ``--max_memory_bytes``, else the cgroup's (v2 ``memory.max``, v1 ``me
 equally by ``--serving_processes``; none (0): everything is admitted and nothing is read. Resident memory is read
 from ``/proc/self/statm`` (a few microseconds), at most every ``RSS_REFRESH_SECONDS`` for small work.
 
-Not admitted: what gRPC holds of a message before servex's code sees it (the received bytes, then their copy into
-Python): a burst of N concurrent messages of S bytes holds about 2 x N x S before any can be refused.
+gRPC reads a unary call's message only once it fits (server/transport/reception.py); what a call was admitted with
+is held until its answer is sent.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from prometheus_client import Counter, Gauge
 
 from servex.loader.errors import ResourceExhausted
 
-__all__ = ["MEMORY", "MemoryBudget"]
+__all__ = ["MEMORY", "MemoryBudget", "size_text"]
 
 MIN_MARGIN = 64 * 1024 * 1024
 SMALL_BYTES = 1024 * 1024  # work this small reads a resident size at most RSS_REFRESH_SECONDS old
@@ -65,7 +65,8 @@ REFUSED = Counter(
 )
 
 
-def _size(nbytes: float) -> str:
+def size_text(nbytes: float) -> str:
+    """``nbytes`` for a message: bytes, KiB, MiB or GiB."""
     for unit in ("bytes", "KiB", "MiB", "GiB"):
         if nbytes < 1024 or unit == "GiB":
             return f"{nbytes:.0f} {unit}" if unit == "bytes" else f"{nbytes:.1f} {unit}"
@@ -122,9 +123,10 @@ class MemoryBudget:
             if held + need > self.usable:
                 REFUSED.labels(what).inc()
                 raise ResourceExhausted(
-                    f"{detail or what} needs about {_size(need)} of memory, and this server holds {_size(self._rss)} "
-                    f"with {_size(self._reserved)} more admitted: together over the {_size(self.usable)} it may use "
-                    f"(the memory limit of {_size(self.limit)}, from {self.source}, less a margin); try again later"
+                    f"{detail or what} needs about {size_text(need)} of memory, and this server holds "
+                    f"{size_text(self._rss)} with {size_text(self._reserved)} more admitted: together over the "
+                    f"{size_text(self.usable)} it may use (the memory limit of {size_text(self.limit)}, from "
+                    f"{self.source}, less a margin); try again later"
                 )
             self._reserved += need
             ADMITTED.set(self._reserved)

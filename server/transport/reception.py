@@ -17,12 +17,12 @@ import time
 
 import grpc
 
-from servex.executor.memory import MEMORY
+from servex.executor.memory import MEMORY, size_text
 
 RECEPTION_COPIES = 4
 MIN_EXPECTED = 1 << 20  # a message's size until larger ones are seen
 FORGET_SECONDS = 60.0  # the largest message seen counts this long after it was seen
-MAX_WAIT_SECONDS = 10.0
+MAX_WAIT_SECONDS = 5.0
 POLL_SECONDS = (0.001, 0.02)  # the first and the longest wait between two looks at the memory
 
 
@@ -71,10 +71,10 @@ def gated(handler: grpc.RpcMethodHandler, refused) -> grpc.RpcMethodHandler:
                 await RECEPTION.wait(context.time_remaining())
             except TimeoutError:
                 message = (
-                    f"the request was not received: for {MAX_WAIT_SECONDS:.0f} s (or until the call's deadline) the "
-                    f"memory left was too little for one more message of up to {RECEPTION.largest} bytes (the "
-                    f"largest lately) while {RECEPTION.receiving} others were received; the memory limit is "
-                    f"{MEMORY.limit} bytes ({MEMORY.source}); try again later"
+                    f"the request was not received: for {MAX_WAIT_SECONDS:g} s (or until the call's deadline) the "
+                    f"memory left was too little for one more message of up to {size_text(RECEPTION.largest)} (the "
+                    f"largest lately) while {RECEPTION.receiving} others were received (the memory limit of "
+                    f"{size_text(MEMORY.limit)}, from {MEMORY.source}); try again later"
                 )
                 return await serve(refused(message), context)
         RECEPTION.receiving += 1

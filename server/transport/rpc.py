@@ -182,6 +182,9 @@ def rpc(method):
             log.exception("%s failed", name)
             status, message = grpc.StatusCode.INTERNAL, f"internal error in {name}: {type(e).__name__}: {e}"
         finally:  # counted before the caller hears back, so a client that then reads /metrics sees its call
+            if info.memory:  # admitted memory is held until the answer is sent (a client may be slow to read it)
+                held, info.memory = info.memory, 0
+                context.add_done_callback(lambda _context: MEMORY.release(held))
             record(self.core, name, model, info, code, start)
         if deadline is not None and time.monotonic() >= deadline:
             # gRPC ends the call at its deadline and tells the client DEADLINE_EXCEEDED itself (the client's own
