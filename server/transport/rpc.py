@@ -265,3 +265,19 @@ def record(core, method: str, model: str, info: RequestInfo, code: str, start: f
     metrics.recorder(method, label, info.version, info.signature, info.priority, code)(
         seconds, info.compute_input, info.compute_output, exemplar
     )
+
+
+class _EndedCallsAtDebug(logging.Filter):
+    """grpcio logs an ERROR with a traceback when it cannot send the answer of a call that ended meanwhile (its client
+    went away or its deadline passed while the answer waited on the client's flow-control window), after servex's
+    handler returned: such records go out at DEBUG, one line, so that clients cannot fill the log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if message.startswith("ExecuteBatchError raised in core by servicer method"):
+            log.debug("%s (the call had ended: its client went away or its deadline passed)", message)
+            return False
+        return True
+
+
+logging.getLogger("grpc._cython.cygrpc").addFilter(_EndedCallsAtDebug())
