@@ -8,7 +8,8 @@ where a fault whose window overlaps the call explains it:
   after a back-off of about a second);
 - ``storage`` (the checkpoint's data file of the ``tables`` model removed, truncated, unreadable or failing):
   ``INTERNAL`` naming the variable that the call's signature reads, for ``tables_read`` calls only;
-- ``flood`` (many large requests at once): ``RESOURCE_EXHAUSTED`` of any call;
+- ``flood`` (many large requests at once): ``RESOURCE_EXHAUSTED`` of any call (REST's 429, or a stream's answer
+  saying that memory is short), from its start to ``FLOOD_GRACE_S`` after its last answer;
 - ``trickle`` (a REST client trickling its body): the 408 that client must get is expected at any time.
 
 Everything else is unexpected. No heavy import here: tests/test_chaos_outcomes.py tests it alone.
@@ -24,8 +25,10 @@ from dataclasses import dataclass, field
 
 KILL_GRACE_S = 15.0
 STORAGE_GRACE_S = 1.0
+FLOOD_GRACE_S = 2.0
 LOST_CONNECTION = ("UNAVAILABLE", "CANCELLED", "REST connection error")
 STORAGE_ERROR = re.compile(r"INTERNAL reading (v_\d+) from the checkpoint$")
+MEMORY_SHORT = re.compile(r"needs about .* of memory")  # servex's refusal when memory is short (--max_memory_bytes)
 _CODE = re.compile(r"^unexpected (?:stream )?(HTTP \d+|REST connection error|[A-Z_]+\b|\w+)")
 
 
@@ -43,6 +46,8 @@ class Window:
 def code_of(outcome: str) -> str:
     """What came instead of the expected answer: a gRPC code's name, ``HTTP 408``, ``REST connection error``, or a
     client exception's class name."""
+    if outcome.startswith("unexpected stream answer") and MEMORY_SHORT.search(outcome):
+        return "RESOURCE_EXHAUSTED (in a stream)"
     match = _CODE.match(outcome)
     return match.group(1) if match else outcome[:60]
 
@@ -57,7 +62,8 @@ def explains(window: Window, call: str, outcome: str, start: float, end: float) 
         found = STORAGE_ERROR.search(outcome)
         return call == "tables_read" and found is not None and window.overlaps(start, end, STORAGE_GRACE_S)
     if window.kind == "flood":
-        return code == "RESOURCE_EXHAUSTED" and window.overlaps(start, end)
+        short = code.startswith("RESOURCE_EXHAUSTED") or code == "HTTP 429"
+        return short and window.overlaps(start, end, FLOOD_GRACE_S)
     return False
 
 

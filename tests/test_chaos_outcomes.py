@@ -53,7 +53,10 @@ def test_floods_and_trickles():
         "RESOURCE_EXHAUSTED",
     )
     assert classify("predict_ok", "unexpected RESOURCE_EXHAUSTED", 8, 10, flood)[0] == "flood"
-    assert classify("predict_ok", "unexpected RESOURCE_EXHAUSTED", 10, 11, flood)[0] == "unexpected"
+    assert classify("rest_v2_ok", "unexpected HTTP 429 (expected 200)", 8, 9, flood) == ("flood", "HTTP 429")
+    short = "unexpected stream answer 0: 'a message of 286 bytes needs about 572 bytes of memory, and ...'"
+    assert classify("v2_stream", short, 8, 9, flood) == ("flood", "RESOURCE_EXHAUSTED (in a stream)")
+    assert classify("predict_ok", "unexpected RESOURCE_EXHAUSTED", 12, 13, flood)[0] == "unexpected"
     assert classify("rest_trickle", "unexpected HTTP 408", 0, 2, []) == ("trickle", "HTTP 408")
     assert classify("rest_trickle", "unexpected HTTP 408 (connection left open)", 0, 2, [])[0] == "unexpected"
 
