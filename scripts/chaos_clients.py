@@ -178,6 +178,8 @@ def flood_call(channel: grpc.Channel, api: str, x: np.ndarray, tally: Tally) -> 
         outcome = "ok" if right else f"unexpected answer of {y.size} values"
     except grpc.RpcError as e:
         outcome = f"unexpected {e.code().name}: {(e.details() or '')[:200]}"
+    except Exception as e:  # noqa: BLE001  (an answer that does not decode is an outcome to report)
+        outcome = f"unexpected {type(e).__name__}: {e}"[:300]
     tally.record(f"flood_{api}", outcome, start, time.monotonic())
 
 
