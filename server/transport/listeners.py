@@ -24,8 +24,6 @@ from collections.abc import Sequence
 
 import grpc
 
-from servex.server.transport.rpc import lenient
-
 # A client that stops reading its socket keeps its calls open: gRPC sends an answer only as far as the client's
 # HTTP/2 window allows and ends a call once its answer and status are written, so the whole answer (about 4 times
 # its size: the message, its bytes, gRPC core's copies) is held until the call's deadline, until the client goes
@@ -80,7 +78,7 @@ class ListenerGroup(grpc.aio.Server):
             if method not in self._table.methods:
                 served = self._table.generic_handler(method)
                 if served is None or served is handler:
-                    self._table.methods[method] = lenient(handler)
+                    self._table.methods[method] = _lenient(handler)
 
     def add_insecure_port(self, address: str) -> int:
         """Bind every listener to ``address`` ("host:port"; port 0 picks a free one for all); the port bound.
@@ -133,7 +131,7 @@ class _MethodTable(grpc.GenericRpcHandler):
         if handler is None:
             handler = self._ask_generic(handler_call_details)
             if handler is not None:  # kept, once found: generic handlers serve a method with one handler
-                handler = self.methods[handler_call_details.method] = lenient(handler)
+                handler = self.methods[handler_call_details.method] = _lenient(handler)
         return handler
 
     def generic_handler(self, method: str) -> grpc.RpcMethodHandler | None:
@@ -189,3 +187,11 @@ def refuse_if_taken(host: str, port: int) -> None:
         with socket.socket(family, kind, proto) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds: TIME_WAIT is no user
             probe.bind(sockaddr)
+
+
+def _lenient(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    """rpc.py's ``lenient``, imported when a service is added: the supervisor of a process group imports this module
+    for its port checks, and must not import what rpc.py imports (the executor, and TensorFlow with it)."""
+    from servex.server.transport.rpc import lenient
+
+    return lenient(handler)

@@ -142,3 +142,19 @@ def test_the_metrics_folder_is_removed_after_a_dead_supervisor_only(tmp_path, mo
     other.mkdir()
     group._clean_up_after(os.getppid() + 1_000_000, str(other))  # a folder the supervisor did not make: kept
     assert other.is_dir()
+
+
+def test_the_supervisor_imports_no_tensorflow():
+    """A group's supervisor runs in its own process beside the serving ones: importing TensorFlow would cost it some
+    600 MB of memory for nothing (what the command line runs for a group: server/cli.py, then this module)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, servex.server.cli, servex.server.supervisor\n"
+        "heavy = ('tensorflow', 'servex.executor.graph_executor', 'servex.server.core')\n"
+        "heavy = [m for m in heavy if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
