@@ -81,6 +81,9 @@ OBJECT_ELEMENTS_LARGE = 1024
 JSON_COPIES = 6
 
 
+CLOSE_AFTER_S = 1.0  # an answer that ends its connection: how long the client's late bytes are still read
+
+
 class HttpError(ServingError):
     """A ServingError answered with its own HTTP status (413 for a body over the limit, 415 for an unknown
     Content-Encoding, 405 for a method an endpoint does not take, with its ``Allow`` header) while its gRPC code
@@ -239,7 +242,10 @@ class Rest:
                 return compressed(request, answer)
             except ServingError as e:
                 code = e.code
-                return error_response(e)
+                response = error_response(e)
+                if isinstance(e, HttpError) and e.headers and e.headers.get("Connection") == "close":
+                    await _send_then_close(request, response)
+                return response
             except RecursionError:  # JSON lists nested deeper than the codec walks
                 error = InvalidArgument(
                     f"the request's JSON is nested too deeply: a tensor has at most {tensors.MAX_DIMS} dimensions "
@@ -468,6 +474,21 @@ async def _unknown_path(request: web.Request, call: Call, info: RequestInfo) -> 
         "NOT_FOUND",
         404,
     )
+
+
+async def _send_then_close(request: web.Request, response: web.StreamResponse) -> None:
+    """Send ``response`` and end the connection: the client reads the answer, then the end of the stream at once,
+    and the connection closes ``CLOSE_AFTER_S`` later, whatever the client still sends (aiohttp would otherwise go on
+    reading a body left unread, a trickling client's or one refused before it was read, for up to 10 s)."""
+    try:
+        await response.prepare(request)
+        await response.write_eof()
+    except ConnectionError:
+        return
+    transport = request.transport
+    if transport is not None and transport.can_write_eof():
+        transport.write_eof()
+    asyncio.get_running_loop().call_later(CLOSE_AFTER_S, request.protocol.force_close)
 
 
 class _ClientErrorsAtDebug(logging.Filter):

@@ -87,6 +87,22 @@ def test_clients_trickling_their_bodies_are_dropped_and_others_are_served(start_
         assert b"--rest_api_body_timeout_in_ms" in answer and closed
 
 
+def test_a_client_that_stops_sending_its_body_is_answered_408_and_closed_at_once(start_daemon):
+    daemon = start_daemon(f"--model_base_path={HALF_PLUS_TWO_TF1}", "--model_name=hp",
+                          "--rest_api_body_timeout_in_ms=1000", rest=True)  # fmt: skip
+    with socket.create_connection(("127.0.0.1", daemon.rest_port), timeout=30) as sock:
+        sock.sendall(b"POST /v1/models/hp:predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 30\r\n\r\n{\"inst")  # fmt: skip
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            answer += sock.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+        # aiohttp would read on for 10 s (its lingering close) before closing: servex closes once the 408 is sent
+        sock.settimeout(5)
+        while sock.recv(65536):
+            pass
+
+
 NEVER_READERS = 50
 ROWS = 250_000  # one value broadcast over 250,000 rows: a 33-byte request, a 1 MB answer
 WINDOW = 1024  # what each never-reader lets the server send of its answer
