@@ -9,9 +9,8 @@ metadata) and deadline (``--rest_api_timeout_in_ms``, TensorFlow Serving's flag)
 most ``--max_message_bytes`` on the wire and again after ``Content-Encoding: gzip``/``deflate`` is undone, so
 that a compressed bomb is answered 413 having inflated no more than the limit. A JSON document (a ``/v1``
 body, the JSON part of a ``/v2`` body) may have at most a quarter of that limit (``JSON_SHARE``): parsed, JSON
-takes many times its size in memory. Answers of 1 KiB or more are compressed (deflate or gzip) when the
-request's ``Accept-Encoding`` allows it (q-values honoured), as Triton does for tritonclient's
-``response_compression_algorithm``.
+takes many times its size in memory. Answers of 1 KiB or more are compressed when the request's ``Accept-Encoding``
+allows it (server/transport/compression.py).
 
 Clients that go away mid-call are counted CANCELLED (499), not logged as errors; malformed HTTP that aiohttp
 answers 400 itself is logged at DEBUG, so that no client can fill the log at ERROR.
@@ -30,7 +29,6 @@ from dataclasses import dataclass
 import numpy as np
 import orjson
 from aiohttp import http_exceptions, web
-from aiohttp.web import ContentCoding
 
 from servex.executor.memory import MEMORY
 from servex.executor.run_handler import DeadlineExceeded
@@ -38,6 +36,7 @@ from servex.loader.errors import InvalidArgument, ResourceExhausted, ServingErro
 from servex.server.core import REQUEST, RequestInfo, ServingCore, priority_from_text
 from servex.server.observability.tracing import TRACER
 from servex.server.transport import tensors
+from servex.server.transport.compression import compressed
 from servex.server.transport.rpc import PRIORITY_METADATA, record
 
 log = logging.getLogger(__name__)
@@ -117,49 +116,6 @@ def error_response(error: ServingError) -> web.Response:
 
 def json_response(body: bytes, status: int = 200) -> web.Response:
     return web.Response(body=body, status=status, content_type=JSON)
-
-
-# Smaller answers go as they are: compressing them costs more time than it saves bytes.
-COMPRESS_MIN_BYTES = 1024
-
-
-def answer_coding(request: web.Request) -> ContentCoding | None:
-    """The coding to compress an answer with, as the request's ``Accept-Encoding`` allows (RFC 9110 12.5.3): deflate
-    or gzip (``x-gzip`` too), the one with the higher q-value, deflate on a tie; none when neither is listed or both
-    have ``q=0``."""
-    best: tuple[float, ContentCoding] | None = None
-    for item in request.headers.get("Accept-Encoding", "").lower().split(","):
-        name, *params = (part.strip() for part in item.split(";"))
-        coding = {"deflate": ContentCoding.deflate, "gzip": ContentCoding.gzip, "x-gzip": ContentCoding.gzip}.get(name)
-        if coding is None:
-            continue
-        q = 1.0
-        for param in params:
-            key, _, value = param.partition("=")
-            if key.strip() == "q":
-                try:
-                    q = float(value.strip())
-                except ValueError:
-                    q = 0.0  # not a q-value: not acceptable
-        if q > 0 and (best is None or q > best[0] or (q == best[0] and coding is ContentCoding.deflate)):
-            best = (q, coding)
-    return best[1] if best else None
-
-
-def accepts_compression(request: web.Request) -> bool:
-    return answer_coding(request) is not None
-
-
-def compressed(request: web.Request, response: web.StreamResponse) -> web.StreamResponse:
-    """A whole-body response, compressed (deflate or gzip, as ``answer_coding`` picks from the request's
-    Accept-Encoding) when its body is large enough; aiohttp compresses large bodies off the event loop. Streamed
-    answers (already sent) go as they are."""
-    body = response.body if isinstance(response, web.Response) else None
-    if isinstance(body, bytes | bytearray) and len(body) >= COMPRESS_MIN_BYTES:
-        coding = answer_coding(request)
-        if coding is not None:
-            response.enable_compression(coding)
-    return response
 
 
 def payload_bytes(arrays) -> int:

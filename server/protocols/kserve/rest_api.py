@@ -40,11 +40,11 @@ from servex.server.protocols.kserve.dataplane import DataPlane, repository_index
 from servex.server.protocols.kserve.dataplane_rules import InferRequest, cut
 from servex.server.protocols.kserve.rest_tensors import as_dict, decode_inputs, encode_outputs, given, shared_bytes
 from servex.server.transport import json_codec as codec
+from servex.server.transport.compression import accepts_compression
 from servex.server.transport.http import (
     Call,
     HttpError,
     Rest,
-    accepts_compression,
     json_response,
     offload,
     payload_bytes,

@@ -285,7 +285,7 @@ def test_payload_bytes_counts_strings_not_pointers():
 def test_answer_coding_honours_q_values(accept, coding):
     from aiohttp.test_utils import make_mocked_request
 
-    from servex.server.transport.http import answer_coding
+    from servex.server.transport.compression import answer_coding
 
     found = answer_coding(make_mocked_request("POST", "/", headers={"Accept-Encoding": accept}))
     assert (found.value if found else None) == coding
