@@ -111,8 +111,12 @@ def test_a_killed_serving_process_fails_only_its_calls_and_is_replaced(tmp_path)
         # only calls at the kill, and only as a lost connection fails them
         assert all(outcome in FAILURES and 0 <= t <= served_at - killed_at for _, t, outcome in failed), failed
         riding_out = loads[0].failed(killed_at)
-        # at most the call in flight on a connection to the killed process, and the one started as it broke
-        assert all(sum(i == thread for i, _, _ in riding_out) <= 2 for thread in range(THREADS)), riding_out
+        # only as the connection broke: the call in flight on it, and the few started before the channel saw it
+        # break (gRPC picks the broken connection until its state changes: 3 such calls in 0.5 ms were seen), never
+        # during the reconnection, which wait-for-ready rides out
+        for thread in range(THREADS):
+            ends = [t for i, t, _ in riding_out if i == thread]
+            assert len(ends) <= 5 and (not ends or max(ends) - min(ends) < 0.5), riding_out
         assert metric(daemon, "servex_serving_process_restarts_total", reason="signal") == 1
         assert metric(daemon, "servex_serving_processes", state="backoff") == 0
         log = daemon.log()
