@@ -1,12 +1,12 @@
 """executor: how a run happens.
 
-Owns the GraphExecutor (every run is a run of a LoadedClientGraph, cached by its sorted input/output/target
-names), the RunHandler (the worker threads that run TensorFlow off the event loop; answers.py carries their
-answers back to the event loop; batching.py makes a batch's requests one run's inputs) and the MemoryBudget
-(memory.py), which admits work against the process's memory limit. A client graph may run an op that changes the
-model's state or touches files only as one of the model's signatures runs it (op_policy.py). It depends on
-`loader/` for loaded SavedModels and errors, and on `transfer/` for moving inputs to a device; it knows nothing of
-protocols.
+Owns the GraphExecutor (every run is a run of a LoadedClientGraph, cached by its sorted input/output/target names),
+the RunHandler (the worker threads that run TensorFlow off the event loop; answers.py carries their answers back to
+the event loop; batching.py makes a batch's requests one run's inputs; pacing.py holds lower priorities back while a
+higher one arrives) and the MemoryBudget (memory.py), which admits work against the process's memory limit. A client
+graph may run an op that changes the model's state or touches files only as one of the model's signatures runs it
+(op_policy.py). It depends on `loader/` for loaded SavedModels and errors, and on `transfer/` for moving inputs to a
+device; it knows nothing of protocols.
 """
 
 from servex.executor.graph_executor import GraphExecutor, LoadedClientGraph, client_graph_key

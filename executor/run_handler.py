@@ -16,12 +16,7 @@ Scheduling (the ticket says priority, deadline, model and metric labels):
   a request that would pass it is answered RESOURCE_EXHAUSTED at once, unless nothing is queued (a request alone
   is bounded by the message size).
 - **Batching** (``submit_batchable``): see executor/batch_runs.py.
-- **Pacing** (``lower_priority_burst``): while requests of a higher priority arrive (one in the last second),
-  the workers take lower-priority requests at most that many at a time (a burst), and the next burst only once
-  the event loop has worked through the last one's answers: a probe put into the loop's queue behind them, as
-  soon as they are handed back, has come through it. Every call passes through the loop in arrival order, so a
-  saturated loop, not this queue, is what a high-priority call would wait for; paced, the lower priorities leave
-  the loop room. Higher-priority runs are never paced, and the probe goes through the loop during them.
+- **Pacing** (``lower_priority_burst``): see executor/pacing.py.
 """
 
 from __future__ import annotations
@@ -43,6 +38,7 @@ from servex.executor.batch_runs import BatchRuns
 from servex.executor.batching import BatchingOptions
 from servex.executor.cost_model import GraphCost
 from servex.executor.metrics import SCHEDULER_THREADS, RunMetrics, forget_choices, show_choice
+from servex.executor.pacing import Pacing
 from servex.executor.work import DEFAULT_TICKET, DeadlineExceeded, GraphCosts, Ticket, WorkItem, input_bytes, saturated
 from servex.loader.errors import ResourceExhausted
 
@@ -51,14 +47,9 @@ __all__ = ["BatchingOptions", "DeadlineExceeded", "RunHandler", "Ticket", "input
 log = logging.getLogger(__name__)
 
 MIXED_PRIORITY_SECONDS = 1.0  # see Held (executor/answers.py) and the RunHandler's pacing
-# A pacing probe counts as through the loop's queue after this many loop iterations: its own, then those of the
-# callbacks the answers ahead of it scheduled (the callers' tasks), and of theirs. Measured on the MLP
-# (bench_priority.py, alternating runs): 8 and 16 gave the same high-priority p99, 16 about 6% less flood; 4 and 2
-# a higher p99.
-CATCH_UP_ITERATIONS = 8
 
 
-class RunHandler(BatchRuns):
+class RunHandler(BatchRuns, Pacing):
     def __init__(
         self,
         num_workers: int,
@@ -357,67 +348,6 @@ class RunHandler(BatchRuns):
         if self.aging_seconds > 0:
             return lambda p: (p + (now - self._levels[p][0].enqueued) / self.aging_seconds, -self._levels[p][0].seq)
         return lambda p: (p, -self._levels[p][0].seq)
-
-    def _paced(self, level: int, now: float) -> bool:
-        """Whether work of priority ``level`` is paced: a higher priority is arriving. The lock is held."""
-        return self.lower_priority_burst > 0 and level < self._top and now < self._top_until and not self._stopping
-
-    def _send_due_probes(self) -> None:
-        """Once a worker's answers went back: where they ended a lower-priority burst, send the probe now, so that
-        it goes through the loop while the worker takes other work (a higher priority's run) instead of after it."""
-        for outbox in tuple(self._outboxes.values()):  # a new loop's outbox may be added meanwhile
-            if outbox.probe_due:  # else nothing to do (one priority: never), without taking the lock
-                with self._cond:
-                    self._send_probe(outbox, time.monotonic())
-
-    def _send_probe(self, outbox: Outbox, now: float) -> None:
-        """Send a probe into ``outbox``'s loop, behind what it holds, unless one is on its way. The lock is held."""
-        outbox.probe_due = False
-        if outbox.probe is not None:
-            return
-        token = outbox.probe = object()
-        outbox.probe_sent = now
-        try:
-            outbox.loop.call_soon_threadsafe(self._probe, outbox, token, CATCH_UP_ITERATIONS)
-        except RuntimeError:  # the loop closed: nothing to pace
-            self._credit(outbox)
-
-    def _catch_up(self, outbox: Outbox, now: float) -> None:
-        """Wait (the lock held, and released while waiting) for the probe through ``outbox``'s loop (sent now if
-        none is on its way), and give credit anyway once it is late.
-
-        With several workers, one that finds the credit spent sends the probe at once, without waiting for another
-        worker's burst to end: lower-priority runs then start at the pace the loop takes probes, several at once
-        where it keeps up. Waiting for each burst's answers would leave all workers but one idle for them."""
-        self._send_probe(outbox, now)
-        if outbox.credit > 0:
-            return
-        left = outbox.probe_sent + self.pace_timeout - now
-        if left <= 0:  # a stalled loop (a long callback): do not stop the queue for it
-            self._credit(outbox)
-            return
-        self._wait(left)
-
-    def _wait(self, timeout: float | None = None) -> None:
-        """Wait on the condition (the lock held, and released while waiting), counted in ``_waiting``."""
-        self._waiting += 1
-        try:
-            self._cond.wait(timeout)
-        finally:
-            self._waiting -= 1
-
-    def _probe(self, outbox: Outbox, token: object, iterations: int) -> None:
-        """On the loop: once ``iterations`` loop iterations have passed, the loop has caught up: credit."""
-        if iterations > 1:
-            outbox.loop.call_soon(self._probe, outbox, token, iterations - 1)
-            return
-        with self._cond:
-            if outbox.probe is token:
-                self._credit(outbox)
-                self._cond.notify_all()
-
-    def _credit(self, outbox: Outbox) -> None:
-        outbox.credit, outbox.probe = self.lower_priority_burst, None
 
     def _drop(self, item: WorkItem, now: float, expired: bool) -> None:
         """A queued request that will not run: expired ones are answered DEADLINE_EXCEEDED."""

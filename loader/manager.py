@@ -28,7 +28,7 @@ from typing import Generic, TypeVar
 
 from servex.loader.config import ModelSpec
 from servex.loader.errors import FailedPrecondition, InvalidArgument, LoadError, NotFound, ServingError, Unavailable
-from servex.loader.versions import list_versions
+from servex.loader.versions import folder_fingerprint, list_versions
 
 log = logging.getLogger(__name__)
 
@@ -55,20 +55,6 @@ def _unknown_label(name: str, label: str, spec: ModelSpec) -> InvalidArgument:
         f"Unrecognized servable version label: {label}; model {name!r} has no version label {label!r} "
         f"(labels: {labels})"
     )
-
-
-def folder_fingerprint(path: str) -> tuple:
-    """Names, sizes and modification times of the files under ``path``: changes while a folder is copied."""
-    entries = []
-    for root, _dirs, files in os.walk(path):
-        for name in files:
-            full = os.path.join(root, name)
-            try:
-                st = os.stat(full)
-            except OSError:
-                continue
-            entries.append((os.path.relpath(full, path), st.st_size, st.st_mtime_ns))
-    return tuple(sorted(entries))
 
 
 @dataclass(eq=False)

@@ -36,3 +36,17 @@ def latest_version(base_path: str) -> tuple[int, str]:
     versions = list_versions(base_path)
     version = max(versions)
     return version, versions[version]
+
+
+def folder_fingerprint(path: str) -> tuple:
+    """Names, sizes and modification times of the files under ``path``: changes while a folder is copied."""
+    entries = []
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            full = os.path.join(root, name)
+            try:
+                st = os.stat(full)
+            except OSError:
+                continue
+            entries.append((os.path.relpath(full, path), st.st_size, st.st_mtime_ns))
+    return tuple(sorted(entries))
