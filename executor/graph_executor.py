@@ -442,17 +442,18 @@ class GraphExecutor:
             return None
         return PREPARE_POOL.submit(self._prepare, plan, graph_name, pin)
 
-    def _prepare(self, plan: _Plan, graph_name: str, pin: bool) -> None:
+    def _prepare(self, plan: _Plan, graph_name: str, pin: bool) -> int:
+        """Build the client graph and restore its variables; how many variables this waited for."""
         graph = self._lookup(plan.cid, plan.key, graph_name, pin)
-        if not graph.variables_ready:
-            self._restore_variables(graph)
+        return 0 if graph.variables_ready else self._restore_variables(graph)
 
-    def _restore_variables(self, graph: LoadedClientGraph) -> None:
-        """Lazy restoration: the variables this client graph reads, each restored once, before its first run."""
+    def _restore_variables(self, graph: LoadedClientGraph) -> int:
+        """Lazy restoration: the variables this client graph reads, each restored once, before its first run;
+        returns how many were not on the device yet."""
         store = self.model.variables
         need = 0
+        unread = [n for n in graph.variables if n in store.records and not store.loaded.placed(n, store.device)]
         if MEMORY.limit:  # the variables' own sizes, from the checkpoint's index
-            unread = [n for n in graph.variables if n in store.records and not store.loaded.placed(n, store.device)]
             size = sum(store.records[n].nbytes for n in unread)
             need = MEMORY.admit(size, "restore", f"restoring {len(unread)} variable(s) of {graph.key!r}")
         try:
@@ -466,6 +467,7 @@ class GraphExecutor:
         finally:
             MEMORY.release(need)
         graph.variables_ready = True
+        return len(unread)
 
     def _plan(self, plan_key: tuple) -> _Plan:
         graph_name, feeds, fetches, targets = plan_key

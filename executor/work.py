@@ -92,10 +92,11 @@ def trace_run(item: WorkItem, started: float, ended: float, size: int = 1, reque
     transfer = last_transfer()  # this worker thread's run's
     if transfer is not None and started <= transfer[0] <= ended:
         trace.add("transfer", *transfer)
-    built = any(span[0] == "build" for span in trace.spans)
+    build = next((span for span in trace.spans if span[0] == "build"), None)
+    restored = (build[3] or {}).get("servex.variables.restored", 0) if build is not None else 0
     attributes = {"servex.client_graph": client_graph_key(tuple(feeds), fetches, targets),
-                  "servex.graph_name": graph_name, "servex.client_graph.cache": "build" if built else "hit",
-                  "servex.batch.size": size}  # fmt: skip
+                  "servex.graph_name": graph_name, "servex.client_graph.cache": "hit" if build is None else "build",
+                  "servex.variables.restored": restored, "servex.batch.size": size}  # fmt: skip
     trace.add("run", started, ended, attributes)
 
 

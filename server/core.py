@@ -52,11 +52,11 @@ class Lease:
         self._owned = False
         return functools.partial(self._manager.release, self.served)
 
-    async def wait(self, pending: concurrent.futures.Future) -> None:
-        """Await work running off the loop (not cancelled with the caller); if the caller is cancelled meanwhile,
-        the lease ends when that work does."""
+    async def wait(self, pending: concurrent.futures.Future):
+        """Await work running off the loop (not cancelled with the caller) and return its result; if the caller is
+        cancelled meanwhile, the lease ends when that work does."""
         try:
-            await asyncio.shield(asyncio.wrap_future(pending))
+            return await asyncio.shield(asyncio.wrap_future(pending))
         except asyncio.CancelledError:
             if self._owned:
                 release = self.hand_off()
@@ -400,15 +400,16 @@ class ServingCore:
 
 async def _prepare(lease: Lease, pending) -> None:
     """Wait for a client graph's build and its variables' restore (lazy restoration); a traced call gets a
-    ``build`` span for the wait."""
+    ``build`` span for the wait, saying how many variables it waited for."""
     info = REQUEST.get(None)
     trace = info.trace if info is not None else None
     started = time.perf_counter()
+    attributes = {"servex.client_graph.cache": "build"}
     try:
-        await lease.wait(pending)
+        attributes["servex.variables.restored"] = await lease.wait(pending)
     finally:
         if trace is not None:
-            trace.add("build", started, time.perf_counter(), {"servex.client_graph.cache": "build"})
+            trace.add("build", started, time.perf_counter(), attributes)
 
 
 def admit_run(served: ServedVersion, feeds: Mapping[str, np.ndarray], fetches: Sequence[str]) -> tuple | None:

@@ -12,7 +12,7 @@ with explicit start and end times and its batch span processor, or Triton's JSON
 The request span continues the caller's trace (``traceparent`` in gRPC metadata or HTTP headers), and its
 children are ``decode``, ``build`` (a client graph built or variables restored for this request), ``queue``,
 ``batch`` (linked to the batch's own span, which holds the batch size), ``transfer`` (host to device), ``run``
-(client graph key, graph name, cache hit or build) and ``encode``.
+(client graph key, graph name, cache hit or build, variables restored for it) and ``encode``.
 """
 
 from __future__ import annotations

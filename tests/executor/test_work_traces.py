@@ -59,12 +59,13 @@ def test_a_batch_of_traced_and_untraced_requests_gives_one_batch_span_that_each_
         assert queue[1] <= queue[2] == batch[1] == ran[1] <= ran[2]  # queued until the batch started
         assert batch[3] == {"servex.batch.size": 6, "servex.batch.requests": 3} and batch[4] == "batch-1"
         assert ran[3]["servex.client_graph"] == "x^y^" and ran[3]["servex.client_graph.cache"] == "hit"
+        assert ran[3]["servex.variables.restored"] == 0
 
 
 def test_a_request_run_alone_has_queue_and_run_spans_and_no_batch():
     handler = RunHandler(1)
     trace = Recorder()
-    trace.add("build", 0.0, 0.0)
+    trace.add("build", 0.0, 0.0, {"servex.client_graph.cache": "build", "servex.variables.restored": 3})
 
     async def main():
         return await handler.submit(Doubler().run, {"x": np.ones((1, 2), np.float32)}, ["y"], (), "g",
@@ -77,3 +78,4 @@ def test_a_request_run_alone_has_queue_and_run_spans_and_no_batch():
     assert [s[0] for s in trace.spans] == ["build", "queue", "run"] and not trace.batches
     attributes = trace.named("run")[0][3]
     assert attributes["servex.graph_name"] == "g" and attributes["servex.client_graph.cache"] == "build"
+    assert attributes["servex.variables.restored"] == 3  # what its build span waited for

@@ -81,6 +81,9 @@ def test_an_inference_continues_the_callers_trace_with_a_span_per_stage(otel):
         )
     run = attributes(children["run"].attributes)
     assert run["servex.client_graph"] == "x:0^y:0^" and run["servex.batch.size"] == 1
+    # the first call's client graph was built for it, and restored the model's two variables (lazy restoration)
+    assert run["servex.client_graph.cache"] == "build" and run["servex.variables.restored"] == 2
+    assert attributes(children["build"].attributes)["servex.variables.restored"] == 2
     resource = collector.resources[-1]
     assert resource["service.name"] == "servex" and resource["deployment.environment"] == "test"
 
