@@ -80,6 +80,7 @@ def trace_run(item: WorkItem, started: float, ended: float, size: int = 1, reque
     """A traced request's ``queue`` and ``run`` spans (and ``batch``, linked to the batch's span, when it ran with
     others): the run's client graph key and graph name, and whether the graph was built for it or found."""
     trace = item.ticket.trace
+    size, requests = int(size), int(requests)  # plain ints: OTLP's encoder refuses numpy's
     trace.add("queue", item.enqueued, started)
     if link is not None or requests > 1:
         trace.add("batch", started, ended, {"servex.batch.size": size, "servex.batch.requests": requests}, link)
@@ -105,7 +106,7 @@ def trace_batch(batch: list[WorkItem], started: float, ended: float, size: int) 
     traced = [item for item in batch if item.ticket.trace is not None]
     if not traced:
         return
-    link = traced[0].ticket.trace.batch(started, ended, size, len(batch))
+    link = traced[0].ticket.trace.batch(started, ended, int(size), len(batch))
     for item in traced:
         trace_run(item, started, ended, size, len(batch), link)
 

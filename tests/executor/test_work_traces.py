@@ -10,6 +10,7 @@ import numpy as np
 
 from servex.executor.batching import BatchingOptions
 from servex.executor.run_handler import RunHandler, Ticket
+from servex.executor.work import WorkItem, trace_batch
 from tests.executor.fakes import Busy, Doubler, run
 
 
@@ -79,3 +80,21 @@ def test_a_request_run_alone_has_queue_and_run_spans_and_no_batch():
     attributes = trace.named("run")[0][3]
     assert attributes["servex.graph_name"] == "g" and attributes["servex.client_graph.cache"] == "build"
     assert attributes["servex.variables.restored"] == 3  # what its build span waited for
+
+
+def test_a_batchs_sizes_reach_the_trace_as_plain_ints():
+    """OTLP's encoder refuses numpy integers (an export of 512 spans would fail for one): sizes computed with numpy
+    arrive as ints."""
+    traces = [Recorder(), Recorder()]
+    batch = [
+        WorkItem(None, None, None, ({"x": 1}, ["y"]), Ticket(trace=t), i, 0.0, batch_key=("k",), rows=1)
+        for i, t in enumerate(traces)
+    ]
+    trace_batch(batch, 1.0, 2.0, np.int64(4))
+    (first_batch,) = traces[0].batches
+    assert first_batch[2:] == (4, 2) and type(first_batch[2]) is int
+    for trace in traces:
+        (ran,) = trace.named("run")
+        assert type(ran[3]["servex.batch.size"]) is int
+        (batch_span,) = trace.named("batch")
+        assert type(batch_span[3]["servex.batch.size"]) is int
