@@ -4,8 +4,8 @@ With automatic batching (the default), every run of a batchable client graph rep
 ``GraphCost`` keeps, per batch-size bucket (1, 2-3, 4-7, 8-15, ...), the time per row of the last ``WINDOW`` runs,
 and from their medians chooses:
 
-- **the kind of graph** (from one-row runs): *compute-bound* when one row's run takes at least
-  ``COMPUTE_BOUND_SECONDS`` (the
+- **the kind of graph** (from the fastest of the last one-row runs): *compute-bound* when one row's run takes at
+  least ``COMPUTE_BOUND_SECONDS`` (the
   TensorFlow run is the cost: ResNet-50, an encoder), else *call-bound* (receiving, decoding and answering the call
   cost more than the run: a small MLP, an embedding lookup);
 - **how many runs of it go at once**: one for a compute-bound graph, which has every core through TensorFlow's
@@ -161,10 +161,12 @@ class GraphCost:
         seen = self._seen(MIN_SAMPLES)
         if not seen:
             return self.choice
-        # From one-row runs only (a larger batch's time says little of one row's where the call is the cost, and
-        # under load a run's wall time grows while the event loop takes the core); with a band between the two
-        # thresholds, so that runs slowed now and then do not flip the choice back and forth.
-        one_row = seen.get(0)
+        # From one-row runs only (a larger batch's time says little of one row's where the call is the cost), and
+        # from the fastest of the last ones: under load a run's wall time grows while the event loop or another run
+        # takes the core, and contention only ever adds time, so the fastest run is the graph's own cost (a median
+        # of a call-bound graph's one-row runs under 32 callers crossed the threshold now and then and flipped the
+        # choice). A band between the two thresholds keeps a graph near them from flipping back and forth.
+        one_row = min(self._per_row[0]) if 0 in seen else None
         if one_row is None:
             compute_bound = self.choice.compute_bound
         elif self.choice.compute_bound:

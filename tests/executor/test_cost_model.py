@@ -201,3 +201,18 @@ def test_only_one_row_runs_say_whether_a_graph_is_compute_bound():
     cost = GraphCost(max_batch_size=32, workers=2)
     feed(cost, lambda rows: 0.003, (8, 16))  # no one-row run yet: nothing to say, the choice stays
     assert not cost.choice.compute_bound and cost.choice.concurrency == 2
+
+
+def test_one_row_runs_slowed_by_load_do_not_make_a_call_bound_graph_compute_bound():
+    # Under 32 callers most of a small MLP's one-row runs wait for the core (the event loop, the other runs): their
+    # median is past the threshold, but the fastest of them is the graph's own cost.
+    changes = []
+    cost = GraphCost(max_batch_size=32, workers=2, on_change=changes.append)
+    for i in range(400):
+        cost.observe(1, 0.0002 if i % 3 == 0 else COMPUTE_BOUND_SECONDS * 3)
+        cost.observe(32, 0.0004)
+    assert changes == [] and not cost.choice.compute_bound and cost.choice.concurrency == 2
+    # A graph whose every one-row run is slow is compute-bound, however its batches go.
+    cost = GraphCost(max_batch_size=32, workers=2)
+    feed(cost, lambda rows: COMPUTE_BOUND_SECONDS * 3 if rows == 1 else 0.0004, (1, 32))
+    assert cost.choice.compute_bound and cost.choice.concurrency == 1
