@@ -63,6 +63,7 @@ class RunHandler(BatchRuns, Pacing):
         pace_timeout: float = 0.1,
         max_padded_batch_bytes: int = 0,
         intra_op_threads: int = 1,
+        compute_bound_runs: int = 1,
     ):
         if num_workers < 1:
             raise ValueError(f"num_workers must be at least 1, got {num_workers}")
@@ -79,7 +80,12 @@ class RunHandler(BatchRuns, Pacing):
         self._costs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.intra_op_threads = intra_op_threads
         SCHEDULER_THREADS.set(intra_op_threads)
+        # Automatic batching runs a compute-bound graph ``compute_bound_runs`` times at once (cost_model.py), on
+        # more threads than ``num_workers`` where need be, started once a graph is found compute-bound (an idle
+        # worker would be woken by every submit in vain while a call-bound graph runs on the others); a call-bound
+        # graph runs on at most ``num_workers``.
         self.num_workers = num_workers
+        self.compute_bound_runs = compute_bound_runs if batching is not None and batching.auto else 1
         self.hold_seconds = hold_seconds
         # Pacing (0: off): lower-priority requests started per catch-up of the event loop; a probe that has not
         # come back after pace_timeout seconds (a stalled loop) counts as back, so the queue never stops.
@@ -166,11 +172,21 @@ class RunHandler(BatchRuns, Pacing):
                 self.num_workers,
                 self.intra_op_threads,
                 name,
-                lambda choice: show_choice(labels, choice),
+                lambda choice: self._chosen(labels, choice),
+                self.compute_bound_runs,
             )
             cost = costs.graphs.setdefault(graph, cost)
             show_choice(labels, cost.choice)
         return cost
+
+    def _chosen(self, labels: tuple, choice) -> None:
+        """A client graph's new choice: shown, and the workers it may run on started."""
+        show_choice(labels, choice)
+        with self._mutex:
+            while len(self._threads) < choice.concurrency and not self._stopping:
+                thread = threading.Thread(target=self._work, name=f"servex-run-{len(self._threads)}", daemon=True)
+                self._threads.append(thread)
+                thread.start()
 
     def _enqueue(self, fn, args, ticket: Ticket, batch_key, feeds, rows: int, nbytes: int, cost=None) -> asyncio.Future:
         try:

@@ -1,5 +1,6 @@
 """The RunHandler's automatic batching: a graph batches only once its first batch answered as its requests do
-alone, a compute-bound graph runs one run at a time (in batches), and its choices show in the gauges."""
+alone, a compute-bound graph runs as many runs at once as the handler allows it (in batches), and its choices
+show in the gauges."""
 
 from __future__ import annotations
 
@@ -149,6 +150,56 @@ def test_a_compute_bound_graph_runs_one_run_at_a_time_in_batches_and_shows_its_c
     assert gauge("servex_scheduler_concurrency", labels) == 1
     assert 1 <= gauge("servex_scheduler_batch_limit", labels) <= 32
     assert gauge("servex_scheduler_intra_op_threads", {}) == 2
+
+
+def test_a_compute_bound_graph_runs_twice_at_once_on_a_worker_started_for_it():
+    # The server's setting (COMPUTE_BOUND_RUNS): two runs at once, one worker for call-bound graphs.
+    handler = RunHandler(1, batching=AUTO, intra_op_threads=2, compute_bound_runs=2)
+    executor = Slow()
+    labels = {"model": "slow2", "version": "1", "signature": "serving_default"}
+    ticket = Ticket(model="slow2", labels=("slow2", "1", "serving_default"))
+
+    async def main():
+        for _ in range(3):  # learns: 5 ms a row, compute-bound
+            await handler.submit_batchable(executor, {"x": rows(1)[0]}, ["y"], False, ticket)
+        futures = []
+        for v in rows(40):
+            futures.append(handler.submit_batchable(executor, {"x": v}, ["y"], False, ticket))
+            await asyncio.sleep(0.001)
+        return await asyncio.gather(*futures)
+
+    try:
+        assert len(handler._threads) == 1
+        results = run(main())
+        threads = len(handler._threads)
+    finally:
+        handler.close()
+    assert threads == 2  # a second worker, started once the graph was found compute-bound
+    assert executor.most == 2  # two runs at once, never three
+    assert len(executor.runs) < 3 + 40  # in batches
+    assert [r[0].tolist() for r in results] == [(v * 2).tolist() for v in rows(40)]
+    assert REGISTRY.get_sample_value("servex_scheduler_concurrency", labels) == 2
+
+
+def test_a_call_bound_graph_starts_no_worker_for_compute_bound_runs():
+    handler = RunHandler(1, batching=AUTO, compute_bound_runs=2)
+    executor = Doubler()
+    ticket = Ticket(labels=("fast2", "1", "serving_default"))
+
+    async def main():
+        return await asyncio.gather(
+            *[handler.submit_batchable(executor, {"x": v}, ["y"], False, ticket) for v in rows(20)]
+        )
+
+    try:
+        run(main())
+        threads = len(handler._threads)
+    finally:
+        handler.close()
+    labels = {"model": "fast2", "version": "1", "signature": "serving_default"}
+    assert REGISTRY.get_sample_value("servex_scheduler_compute_bound", labels) == 0
+    assert REGISTRY.get_sample_value("servex_scheduler_concurrency", labels) == 1
+    assert threads == 1
 
 
 def test_a_call_bound_graph_may_run_on_every_worker():

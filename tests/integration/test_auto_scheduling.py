@@ -1,6 +1,6 @@
 """servex's default scheduling on a compute-bound model, through the real daemon and the KServe v2 gRPC client:
-one request's run spreads over every core servex may use, and concurrent requests run in batches, one batch at a
-time. The thread CPU times come from /proc (Linux), read around the calls: no timing is asserted."""
+one request's run spreads over every core servex may use, and concurrent requests run in batches, two batches at
+a time. The thread CPU times come from /proc (Linux), read around the calls: no timing is asserted."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from servex.executor.cost_model import ThreadModeChooser
+from servex.executor.cost_model import COMPUTE_BOUND_RUNS, ThreadModeChooser
 from servex.server.cores import usable_cores
 from tests.support.daemon import metric
 
@@ -67,17 +67,21 @@ def thread_cpu_ticks(pid: int) -> dict[int, int]:
 
 
 def busy_threads(daemon, stub, calls: int = 10) -> int:
-    """How many of the daemon's threads did a real share of the CPU work of ``calls`` requests, one at a time."""
+    """How many of the daemon's threads did a real share of the CPU work of one request (the median over ``calls``
+    requests, one at a time: successive requests may run on different run workers)."""
     for i in range(2 * ThreadModeChooser.TRIALS + 2):  # built, restored, classified, its thread mode chosen
         stub.ModelInfer(request(i), timeout=60)
-    before = thread_cpu_ticks(daemon.proc.pid)
+    counts = []
     for i in range(calls):
+        before = thread_cpu_ticks(daemon.proc.pid)
         stub.ModelInfer(request(i), timeout=60)
-    after = thread_cpu_ticks(daemon.proc.pid)
-    spent = {t: after[t] - before.get(t, 0) for t in after}
-    total = sum(spent.values())
-    assert total > 0, "the requests took no measurable CPU time"
-    return sum(1 for ticks in spent.values() if ticks >= 0.2 * total)
+        after = thread_cpu_ticks(daemon.proc.pid)
+        spent = {t: after[t] - before.get(t, 0) for t in after}
+        total = sum(spent.values())
+        if total > 0:
+            counts.append(sum(1 for ticks in spent.values() if ticks >= 0.2 * total))
+    assert len(counts) > calls // 2, "the requests took no measurable CPU time"
+    return sorted(counts)[len(counts) // 2]
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="thread CPU times come from Linux's /proc")
@@ -89,10 +93,10 @@ def test_one_request_of_a_compute_bound_model_runs_on_every_core(start_daemon, c
     assert busy_threads(daemon, stub) >= min(cores, 2)
     labels = {"model": "conv", "version": "1", "signature": "serving_default"}
     assert metric(daemon, "servex_scheduler_compute_bound", **labels) == 1
-    assert metric(daemon, "servex_scheduler_concurrency", **labels) == 1
+    assert metric(daemon, "servex_scheduler_concurrency", **labels) == COMPUTE_BOUND_RUNS
     assert metric(daemon, "servex_scheduler_intra_op_threads") == cores
 
-    # Under load, its requests run in batches (one at a time: each batch has every core).
+    # Under load, its requests run in batches (two at a time, each spread over every core).
     before = metric(daemon, "servex_batch_size_count", model="conv")
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         answers = list(pool.map(lambda i: stub.ModelInfer(request(i), timeout=120), range(48)))
