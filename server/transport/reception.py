@@ -17,7 +17,7 @@ import time
 
 import grpc
 
-from servex.executor.memory import MEMORY, size_text
+from servex.executor.memory import MEMORY, REFUSED, size_text
 
 RECEPTION_COPIES = 4
 MIN_EXPECTED = 1 << 20  # a message's size until larger ones are seen
@@ -70,6 +70,7 @@ def gated(handler: grpc.RpcMethodHandler, refused) -> grpc.RpcMethodHandler:
             try:
                 await RECEPTION.wait(context.time_remaining())
             except TimeoutError:
+                REFUSED.labels("message").inc()
                 message = (
                     f"the request was not received: for {MAX_WAIT_SECONDS:g} s (or until the call's deadline) the "
                     f"memory left was too little for one more message of up to {size_text(RECEPTION.largest)} (the "

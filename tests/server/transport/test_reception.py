@@ -8,10 +8,15 @@ import threading
 
 import grpc
 import pytest
+from prometheus_client import REGISTRY
 
 from servex.executor.memory import MEMORY, MIN_MARGIN
 from servex.server.transport import reception
 from servex.server.transport.reception import RECEPTION, gated
+
+
+def refused_messages() -> float:
+    return REGISTRY.get_sample_value("servex_memory_refused_total", {"what": "message"}) or 0.0
 
 
 def limit_with_room(room: int) -> None:
@@ -71,9 +76,11 @@ def test_without_room_the_call_waits_then_is_refused_unread(budget, server, monk
     monkeypatch.setattr(reception, "MAX_WAIT_SECONDS", 0.3)
     limit_with_room(-64 << 20)  # less than nothing: the process holds more than it may
     assert not RECEPTION.fits()
+    refused = refused_messages()
     answer = server(b"x" * 1000, timeout=30).decode()
     assert answer.startswith("refused: the request was not received"), answer
     assert "(the memory limit of" in answer and "from a test's limit" in answer
+    assert refused_messages() == refused + 1  # counted with the other memory refusals
 
 
 def test_a_waiting_call_is_read_once_memory_is_freed(budget, server, monkeypatch):
