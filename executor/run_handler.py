@@ -36,7 +36,7 @@ from servex.executor import work
 from servex.executor.answers import Held, Outbox
 from servex.executor.batch_runs import BatchRuns
 from servex.executor.batching import BatchingOptions
-from servex.executor.cost_model import GraphCost
+from servex.executor.cost_model import COMPUTE_BOUND_RUNS, GraphCost
 from servex.executor.metrics import SCHEDULER_THREADS, RunMetrics, forget_choices, show_choice
 from servex.executor.pacing import Pacing
 from servex.executor.work import DEFAULT_TICKET, DeadlineExceeded, GraphCosts, Ticket, WorkItem, input_bytes, saturated
@@ -63,7 +63,7 @@ class RunHandler(BatchRuns, Pacing):
         pace_timeout: float = 0.1,
         max_padded_batch_bytes: int = 0,
         intra_op_threads: int = 1,
-        compute_bound_runs: int = 1,
+        compute_bound_runs: int = COMPUTE_BOUND_RUNS,
     ):
         if num_workers < 1:
             raise ValueError(f"num_workers must be at least 1, got {num_workers}")
@@ -85,7 +85,7 @@ class RunHandler(BatchRuns, Pacing):
         # worker would be woken by every submit in vain while a call-bound graph runs on the others); a call-bound
         # graph runs on at most ``num_workers``.
         self.num_workers = num_workers
-        self.compute_bound_runs = compute_bound_runs if batching is not None and batching.auto else 1
+        self.compute_bound_runs = compute_bound_runs
         self.hold_seconds = hold_seconds
         # Pacing (0: off): lower-priority requests started per catch-up of the event loop; a probe that has not
         # come back after pace_timeout seconds (a stalled loop) counts as back, so the queue never stops.

@@ -18,7 +18,6 @@ import tensorflow as tf
 from grpc_health.v1 import health, health_pb2
 
 from servex.executor import GraphExecutor, RunHandler
-from servex.executor.cost_model import COMPUTE_BOUND_RUNS
 from servex.executor.memory import MEMORY
 from servex.executor.metrics import CacheMetrics, VariableMetrics
 from servex.loader import ModelManager, load_saved_model
@@ -212,7 +211,6 @@ def make_run_handler(settings: ServerSettings, batching) -> RunHandler:
         hold_seconds=settings.result_hold_micros / 1e6,
         lower_priority_burst=settings.lower_priority_burst,
         max_padded_batch_bytes=settings.max_message_bytes,
-        compute_bound_runs=COMPUTE_BOUND_RUNS,
     )
 
 

@@ -11,7 +11,7 @@ import time
 import numpy as np
 from prometheus_client import REGISTRY
 
-from servex.executor.cost_model import VERIFY_REQUESTS
+from servex.executor.cost_model import COMPUTE_BOUND_RUNS, VERIFY_REQUESTS
 from servex.executor.run_handler import BatchingOptions, RunHandler, Ticket
 from servex.loader.errors import InvalidArgument
 from tests.executor.fakes import Busy, Doubler, batched, run
@@ -123,8 +123,8 @@ def test_a_batch_refused_for_one_callers_bad_input_keeps_the_graph_batching():
     assert cost.verified is None  # not judged on one caller's bad input: the graph may still batch
 
 
-def test_a_compute_bound_graph_runs_one_run_at_a_time_in_batches_and_shows_its_choice():
-    handler = RunHandler(3, batching=AUTO, intra_op_threads=2)
+def test_with_one_compute_bound_run_a_graph_runs_one_run_at_a_time_in_batches_and_shows_its_choice():
+    handler = RunHandler(3, batching=AUTO, intra_op_threads=2, compute_bound_runs=1)
     executor = Slow()
     labels = {"model": "slow", "version": "1", "signature": "serving_default"}
     ticket = Ticket(model="slow", labels=("slow", "1", "serving_default"))
@@ -153,8 +153,8 @@ def test_a_compute_bound_graph_runs_one_run_at_a_time_in_batches_and_shows_its_c
 
 
 def test_a_compute_bound_graph_runs_twice_at_once_on_a_worker_started_for_it():
-    # The server's setting (COMPUTE_BOUND_RUNS): two runs at once, one worker for call-bound graphs.
-    handler = RunHandler(1, batching=AUTO, intra_op_threads=2, compute_bound_runs=2)
+    # The default (COMPUTE_BOUND_RUNS, two): runs at once beyond the one worker a call-bound graph keeps.
+    handler = RunHandler(1, batching=AUTO, intra_op_threads=2)
     executor = Slow()
     labels = {"model": "slow2", "version": "1", "signature": "serving_default"}
     ticket = Ticket(model="slow2", labels=("slow2", "1", "serving_default"))
@@ -174,15 +174,16 @@ def test_a_compute_bound_graph_runs_twice_at_once_on_a_worker_started_for_it():
         threads = len(handler._threads)
     finally:
         handler.close()
-    assert threads == 2  # a second worker, started once the graph was found compute-bound
-    assert executor.most == 2  # two runs at once, never three
+    assert COMPUTE_BOUND_RUNS > 1
+    assert threads == COMPUTE_BOUND_RUNS  # workers started once the graph was found compute-bound
+    assert executor.most == COMPUTE_BOUND_RUNS  # that many runs at once, never more
     assert len(executor.runs) < 3 + 40  # in batches
     assert [r[0].tolist() for r in results] == [(v * 2).tolist() for v in rows(40)]
-    assert REGISTRY.get_sample_value("servex_scheduler_concurrency", labels) == 2
+    assert REGISTRY.get_sample_value("servex_scheduler_concurrency", labels) == COMPUTE_BOUND_RUNS
 
 
 def test_a_call_bound_graph_starts_no_worker_for_compute_bound_runs():
-    handler = RunHandler(1, batching=AUTO, compute_bound_runs=2)
+    handler = RunHandler(1, batching=AUTO)
     executor = Doubler()
     ticket = Ticket(labels=("fast2", "1", "serving_default"))
 
