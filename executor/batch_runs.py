@@ -96,6 +96,7 @@ class BatchRuns:
                 if size > total:  # pad with copies of the last row, as TensorFlow Serving pads
                     parts.append(np.repeat(parts[-1][-1:], size - total, axis=0))
                 feeds[name] = parts[0] if len(parts) == 1 else np.concatenate(parts)
+            before = cost.running if cost is not None else 1
             outputs = executor.run(feeds, fetches, (), "", pin)
             seconds = time.monotonic() - started
             if any(o.ndim == 0 or o.shape[0] != size for o in outputs):
@@ -116,7 +117,7 @@ class BatchRuns:
                 cost.verified = False
             return
         if cost is not None:
-            cost.observe(total, seconds)
+            cost.observe(total, seconds, at_once(before, cost))
         trace_batch(batch, started, started + seconds, size)
         self._metrics_for(first.ticket).stats.ran(len(batch), total, seconds)  # one graph: one model version
         offset = 0
@@ -135,9 +136,9 @@ class BatchRuns:
         cost = batch[0].cost
         offset = 0
         for item in batch[:VERIFY_REQUESTS]:
-            started = time.monotonic()
+            started, before = time.monotonic(), cost.running
             alone = executor.run(item.feeds, fetches, (), "", pin)
-            cost.observe(item.rows, time.monotonic() - started)
+            cost.observe(item.rows, time.monotonic() - started, at_once(before, cost))
             if not answers_agree([o[offset : offset + item.rows] for o in outputs], alone):
                 log.warning(
                     "client graph %s runs unbatched: batched, its answers differ from the same requests run one by "
@@ -150,6 +151,7 @@ class BatchRuns:
 
     def _run_alone(self, item: WorkItem, executor, fetches, pin, started: float, held: Held) -> bool:
         """Run ``item`` on its own and hand its answer back; whether it ran without an error."""
+        before = item.cost.running if item.cost is not None else 1
         try:
             result, ok = executor.run(item.feeds, fetches, (), "", pin), True
         except BaseException as e:
@@ -157,7 +159,7 @@ class BatchRuns:
         ended = time.monotonic()
         seconds = ended - started
         if ok and item.cost is not None:
-            item.cost.observe(item.rows, seconds)
+            item.cost.observe(item.rows, seconds, at_once(before, item.cost))
         if item.ticket.trace is not None:
             trace_run(item, started, ended, item.rows)
         metrics = self._metrics_for(item.ticket)
@@ -167,6 +169,13 @@ class BatchRuns:
         held.add(item.outbox, item.future, ok, result)
         self._finished(item)
         return ok
+
+
+def at_once(before: int, cost) -> float:
+    """The runs of ``cost``'s graph going at once during a run (this one included): the mean of the counts at its
+    start and end (read without the lock: one int). Runs of a graph share the cores, so the cost model divides a
+    run's time by it."""
+    return (before + cost.running) / 2
 
 
 class _NotBatchable(Exception):

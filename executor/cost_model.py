@@ -1,7 +1,8 @@
 """What the RunHandler learns of each client graph's runs while serving, and what it decides from it.
 
-With automatic batching (the default), every run of a batchable client graph reports its rows and seconds here.
-``GraphCost`` keeps, per batch-size bucket (1, 2-3, 4-7, 8-15, ...), the time per row of the last ``WINDOW`` runs,
+With automatic batching (the default), every run of a batchable client graph reports its rows and seconds here
+(and the runs of it going at once, which share the cores: its time is divided by them). ``GraphCost`` keeps, per
+batch-size bucket (1, 2-3, 4-7, 8-15, ...), the time per row of the last ``WINDOW`` runs,
 and from their medians chooses:
 
 - **the kind of graph** (from the fastest of the last one-row runs): *compute-bound* when one row's run takes at
@@ -132,10 +133,15 @@ class GraphCost:
 
     # -- what was seen -------------------------------------------------------------------------------------------
 
-    def observe(self, rows: int, seconds: float) -> Choice | None:
-        """A run of ``rows`` rows took ``seconds``; returns the new choice when this run changed it."""
+    def observe(self, rows: int, seconds: float, at_once: float = 1.0) -> Choice | None:
+        """A run of ``rows`` rows took ``seconds`` while ``at_once`` runs of the graph went (this one included, on
+        average over the run); returns the new choice when this run changed it. Runs at once share the cores, so
+        each takes longer for it: what counts is its time over ``at_once``, the time the cores gave its rows.
+        Without it, one-row runs measured alone (one caller) looked twice as cheap per row as the batches two
+        runs at once then ran (more callers), and the limit fell to 1 row for seconds at each rise of the load."""
         if rows < 1 or seconds < 0:
             return None
+        seconds /= max(at_once, 1.0)
         with self._lock:
             b = bucket(rows)
             window = self._per_row.get(b)

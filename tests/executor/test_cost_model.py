@@ -101,6 +101,27 @@ def test_with_a_knee_below_the_maximum_every_sixteenth_batch_explores_twice_as_l
     assert limits.count(3) == 2 and set(limits) == {1, 3}
 
 
+def test_runs_that_share_the_cores_are_compared_by_the_time_the_cores_gave_them():
+    # One caller: one-row runs alone on every core, 10 ms each. Then more callers: two runs at once, each of 4
+    # rows taking 64 ms where alone it would take 32 (8 ms a row): 16 ms a row of wall time.
+    cost = GraphCost(max_batch_size=32, workers=1, compute_runs=2)
+    for _ in range(16):
+        cost.observe(1, 0.010)
+    assert cost.choice == Choice(True, 2, 32)
+    shared = GraphCost(max_batch_size=32, workers=1, compute_runs=2)
+    for _ in range(16):
+        shared.observe(1, 0.010)
+    for _ in range(4 * DECIDE_EVERY):
+        cost.observe(4, 0.064)  # as if alone
+        shared.observe(4, 0.064, at_once=2)
+    # Taken as its own, a 4-row batch looks slower per row than one row: the limit falls to 1 row.
+    assert cost.choice.batch_limit == 1
+    # Divided by the runs at once, it is 8 ms a row against 10: batches stay (up to the maximum: larger ones were
+    # not seen yet, and may be cheaper still).
+    assert shared.per_row_seconds() == {0: 0.010, 2: 0.008}
+    assert shared.choice == Choice(True, 2, 32)
+
+
 def test_choices_are_made_every_few_runs_and_reported_once_each():
     seen = []
     cost = GraphCost(max_batch_size=32, workers=2, on_change=seen.append)
