@@ -53,6 +53,7 @@ DTYPES = {"FP32": np.float32, "INT32": np.int32, "INT64": np.int64}
 BATCHES = (1, 2, 4, 8, 16, 32)
 PEERS = ("kserve", "mlserver")
 CLASSIFY = "wide_deep_classify"
+CLASSIFY_METHOD = "/tensorflow.serving.PredictionService/Classify"
 # ratio -> (label, goal, at least?)
 GOALS = {
     "top_vs_inprocess": ("servex rows/s at top callers / in-process limit", 0.9, True),
@@ -60,6 +61,9 @@ GOALS = {
     "lat_vs_inprocess": ("servex 1-caller mean latency / in-process batch-1", 1.05, False),
     "lat_vs_peer": ("servex 1-caller mean latency / better peer's (mlp: KServe's)", 1.0, False),
     "p99_vs_p50": ("servex p99 / p50 at top callers", 2.0, False),
+    # The 1-caller latencies through grpcio's client as well as h2load (docs/performance.md: h2load's waits)
+    "grpc_lat_vs_inprocess": ("servex 1-caller mean latency, grpcio client / in-process batch-1", 1.05, False),
+    "grpc_lat_vs_peer": ("servex 1-caller mean latency, grpcio client / better peer's (mlp: KServe's)", 1.0, False),
 }
 MLP_GOALS = {"top_vs_peer": 3.0, "lat_vs_peer": 0.7}
 
@@ -181,19 +185,18 @@ def h2load_level(port: int, frame: Path, c: int, seconds: int) -> dict:
             "p99_ms": tail["p99_ms"], "failed": r["failed"]}  # fmt: skip
 
 
-async def aio_level(port: int, request, c: int, seconds: float, warm: float = 1.0) -> dict:
-    """A closed loop of ``c`` grpc.aio callers on Classify, one request in flight each (as the kit's loadgen)."""
-    from tensorflow_serving.apis import prediction_service_pb2_grpc
-
+async def aio_level(port: int, method: str, payload: bytes, c: int, seconds: float, warm: float = 1.0) -> dict:
+    """A closed loop of ``c`` grpc.aio callers of ``method`` (a serialized request), one request in flight each (as
+    the kit's loadgen)."""
     latencies, errors = [], []
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.max_receive_message_length", -1)]) as ch:
+        call = ch.unary_unary(method)  # bytes in, bytes out
         stop = (start := time.perf_counter() + warm) + seconds
 
         async def caller():
             while (t0 := time.perf_counter()) < stop:
                 try:
-                    await stub.Classify(request, timeout=30)
+                    await call(payload, timeout=30)
                 except grpc.aio.AioRpcError as e:
                     errors.append(e.code().name)
                     continue
@@ -220,7 +223,8 @@ def classify_levels(port: int, levels: list[int], seconds: int, emit) -> dict:
             answer = stub.Classify(request, timeout=120)
             if len(answer.result.classifications) != 1 or not answer.result.classifications[0].classes:
                 raise RuntimeError(f"Classify answered no class scores: {answer}")
-    return {"levels": {c: emit(asyncio.run(aio_level(port, request, c, seconds))) for c in levels}}
+    payload = request.SerializeToString()
+    return {"levels": {c: emit(asyncio.run(aio_level(port, CLASSIFY_METHOD, payload, c, seconds))) for c in levels}}
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -250,8 +254,10 @@ def serve(server: str, model: str, base: Path, a, levels: list[int], emit, work:
             seconds = max(a.seconds, math.ceil(8 * c / rate)) if rate else a.seconds
             levels_out[c] = emit({**h2load_level(port, frame, c, seconds), "seconds": seconds}, model=model)
             rate = rate or levels_out[c]["rows_s"]
+        one = asyncio.run(aio_level(port, METHOD, payload, levels[0], a.seconds))  # 1 caller through grpcio's client
+        emit({**one, "client": "grpcio"}, model=model)
         check_infer(port, request, SUITE[model].output, calls=1)  # still answering after the load
-        results[model] = {"levels": levels_out}
+        results[model] = {"levels": levels_out, "grpc_one_ms": None if one["failed"] else one["mean_ms"]}
         if server == "servex" and model == "wide_deep":
             try:
                 results[CLASSIFY] = classify_levels(port, levels, a.seconds, lambda r: emit(r, model=CLASSIFY))
@@ -273,16 +279,21 @@ def ratios(d: dict, model: str, top: int, one: int) -> dict[str, float | None]:
     sx = d["servex"]["levels"] if ok("servex") else None
     inproc = d.get("inprocess") if ok("inprocess") else None
     peers = [d[p]["levels"] for p in PEERS if ok(p)]
-    lat_peers = [d[p]["levels"] for p in (("kserve",) if model == "mlp" else PEERS) if ok(p)]
+    lat_peers = [d[p] for p in (("kserve",) if model == "mlp" else PEERS) if ok(p)]
     div = lambda x, y: round(x / y, 3) if x is not None and y else None  # noqa: E731
     if sx is None:
         return dict.fromkeys(GOALS)
+    grpc_ms = d["servex"].get("grpc_one_ms")
     return {
         "top_vs_inprocess": div(sx[top]["rows_s"], inproc and inproc["limit_rows_s"]),
         "top_vs_peer": div(sx[top]["rows_s"], max((p[top]["rows_s"] for p in peers), default=None)),
         "lat_vs_inprocess": div(sx[one]["mean_ms"], inproc and inproc["latency_ms"]),
-        "lat_vs_peer": div(sx[one]["mean_ms"], min((p[one]["mean_ms"] for p in lat_peers), default=None)),
+        "lat_vs_peer": div(sx[one]["mean_ms"], min((p["levels"][one]["mean_ms"] for p in lat_peers), default=None)),
         "p99_vs_p50": div(sx[top]["p99_ms"], sx[top]["p50_ms"]),
+        "grpc_lat_vs_inprocess": div(grpc_ms, inproc and inproc["latency_ms"]),
+        "grpc_lat_vs_peer": div(
+            grpc_ms, min((p["grpc_one_ms"] for p in lat_peers if p.get("grpc_one_ms")), default=None)
+        ),
     }
 
 
@@ -325,6 +336,7 @@ def summarize(rounds: list[dict], models: list[str], top: int, one: int) -> dict
             else:
                 levels = good[0]["levels"]
                 figures[s] = {c: {k: median(run["levels"][c][k] for run in good) for k in levels[c]} for c in levels}
+                figures[s]["grpc_one_ms"] = median(run.get("grpc_one_ms") for run in good)
         medians = {k: median(r[k] for r in per_round) for k in GOALS}
         out[model] = {"figures": figures, "ratios": medians, "by_round": per_round, "errors": errors}
     return out
@@ -344,7 +356,8 @@ def markdown(summary: dict, levels: list[int], a, elapsed: float) -> str:
         + (f" plus `{' '.join(a.servex_flag)}`" if a.servex_flag else ""),
         f"- {a.rounds} round(s) of {a.seconds} s per measurement (more for slow models at many callers: ~8"
         " requests per caller); figures and ratios are medians over rounds.",
-        "- Servers: KServe v2 ModelInfer through h2load (p50/p99 from its per-request log); wide_deep_classify:"
+        "- Servers: KServe v2 ModelInfer through h2load (p50/p99 from its per-request log), and at 1 caller also"
+        " through grpcio's client (grpc.aio, the request serialized once); wide_deep_classify:"
         " TensorFlow Serving Classify from a Python grpc.aio client, which takes more of the CPUs than h2load.",
         "- Requests carry one row (batch 1); rows/s of the servers is requests/s. In-process: mean batch-1 latency,"
         " and the limit: the best rows/s over batches of 1..32 (the batch that gave it in brackets).",
@@ -356,18 +369,19 @@ def markdown(summary: dict, levels: list[int], a, elapsed: float) -> str:
         lines.append(f"| {model} | " + " | ".join(verdict(model, k, s, goals=False) for k in GOALS) + " |")
     head = " | ".join(f"rows/s @{c}" for c in levels)
     for model, s in summary.items():
-        lines += ["", f"## {model}", "", f"| server | {head} | mean ms @{one} | p50 ms @{top} | p99 ms @{top} | note |",
-                  "| --- " * (len(levels) + 5) + "|"]  # fmt: skip
+        lines += ["", f"## {model}", "", f"| server | {head} | mean ms @{one} | mean ms @{one}, grpcio client | p50 ms "
+                  f"@{top} | p99 ms @{top} | note |", "| --- " * (len(levels) + 6) + "|"]  # fmt: skip
         for server, errors in s["errors"].items():
             f, note = s["figures"].get(server), "; ".join(e.replace("|", "/") for e in errors)
             if f is None:
-                cells = " | ".join(["-"] * (len(levels) + 3))
+                cells = " | ".join(["-"] * (len(levels) + 4))
             elif server == "inprocess":
-                cells = " | ".join(["-"] * len(levels)) + f" | {f['latency_ms']:.2f} (batch 1) | - | -"
+                cells = " | ".join(["-"] * len(levels)) + f" | {f['latency_ms']:.2f} (batch 1) | - | - | -"
                 note = f"limit {f['limit_rows_s']:,.0f} rows/s at batch {f['limit_batch']}" + (note and f"; {note}")
             else:
                 cells = " | ".join(f"{f[c]['rows_s']:,.0f}" for c in levels)
-                cells += f" | {f[one]['mean_ms']:.2f} | {f[top]['p50_ms']:.2f} | {f[top]['p99_ms']:.2f}"
+                grpc_ms = "-" if f.get("grpc_one_ms") is None else f"{f['grpc_one_ms']:.2f}"
+                cells += f" | {f[one]['mean_ms']:.2f} | {grpc_ms} | {f[top]['p50_ms']:.2f} | {f[top]['p99_ms']:.2f}"
             lines.append(f"| {server} | {cells} | {note} |")
     return "\n".join([*lines, "", "![rows/s against callers](img/suite.png)", ""])
 
