@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from scripts.bench_peers import free_port  # noqa: E402
-from scripts.suite_models import SUITE, export  # noqa: E402
+from scripts.suite_models import MODELS, export  # noqa: E402
 
 NUMPY = {"FP32": np.float32, "INT32": np.int32, "INT64": np.int64}
 
@@ -81,13 +81,13 @@ def one_caller(cpus: str, base: Path, model, requests: int, log: Path) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="resnet50", choices=sorted(SUITE))
+    ap.add_argument("--model", default="resnet50", choices=sorted(MODELS))
     ap.add_argument("--cpus", nargs="+", default=["0", "0,1"])
     ap.add_argument("--requests", type=int, default=30)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--models_dir", type=Path, default=Path(tempfile.gettempdir()) / "servex-suite")
     a = ap.parse_args()
-    model = SUITE[a.model]
+    model = MODELS[a.model]
     base = export(a.models_dir, (a.model,))[a.model]
     means: dict[str, list[float]] = {cpus: [] for cpus in a.cpus}
     for round_ in range(a.rounds):

@@ -9,12 +9,14 @@ For each round and model, one after another: ``inprocess``: ``signatures["servin
 of 1..32. ``servex`` (default flags, plus any ``--servex_flag``), ``kserve``, ``mlserver`` (the kit's peers, as
 scripts/bench_peers.py starts them): KServe v2 gRPC ModelInfer, one row of every input per request, closed-loop
 through the kit's h2load driver at each concurrency (rows/s, mean latency), then h2load's per-request log
-(p50/p99); a level runs --seconds, or longer where a slow model needs it for ~8 requests per caller. ModelInfer
+(p50/p99); a level runs --seconds, or longer where a slow model needs it for ~8 requests per caller; then 1 caller
+through grpcio's client too (through h2load, some large requests wait 40 ms unread: docs/performance.md). ModelInfer
 is checked (it answers the output) before and after the load, so errors are not counted as throughput; a server
 that fails is recorded and skipped. ``wide_deep_classify`` (with wide_deep): servex's TensorFlow Serving Classify,
 one serialized tf.Example per request, from a grpc.aio closed loop, against in-process ``classify`` calls.
 Prints one JSON line per measurement, then each model's ratios against the goals (medians over rounds), and
-writes DOCS/performance-suite.md and DOCS/img/suite.png (matplotlib).
+writes DOCS/performance-suite.md and DOCS/img/suite.png (matplotlib). --models: the suite by default; also other
+architectures (suite_models.MORE: efficientnet_b0, densenet121, gru) to check the defaults on.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ import grpc  # noqa: E402
 from tritonclient.grpc import service_pb2, service_pb2_grpc  # noqa: E402
 
 from scripts.bench_peers import KIT, METHOD, free_port, h2load_percentiles, h2load_run  # noqa: E402  (h2grpc's)
-from scripts.suite_models import SUITE, WIDE_DEEP_IDS, WIDE_DEEP_ROWS, export  # noqa: E402
+from scripts.suite_models import MODELS, SUITE, WIDE_DEEP_IDS, WIDE_DEEP_ROWS, export  # noqa: E402
 
 PY = REPO / ".venv" / "bin" / "python"
 DTYPES = {"FP32": np.float32, "INT32": np.int32, "INT64": np.int64}
@@ -93,7 +95,7 @@ def inprocess_child(spec: dict) -> None:
         example = fill_example(tf.train.Example(), rng).SerializeToString()
         feeds = lambda b: {"inputs": tf.constant([example] * b)}  # noqa: E731
     else:
-        feeds = lambda b: {i.name: tf.constant(rows(i, b, rng)) for i in SUITE[spec["model"]].inputs}  # noqa: E731
+        feeds = lambda b: {i.name: tf.constant(rows(i, b, rng)) for i in MODELS[spec["model"]].inputs}  # noqa: E731
 
     def timed(feed: dict, budget: float) -> list[float]:
         fn(**feed)  # warm: the first call at a shape builds its kernels
@@ -138,7 +140,7 @@ def infer_request(model: str) -> service_pb2.ModelInferRequest:
     """One row of every input of ``model``, as raw_input_contents."""
     rng = np.random.default_rng(0)
     request = service_pb2.ModelInferRequest(model_name=model)
-    for inp in SUITE[model].inputs:
+    for inp in MODELS[model].inputs:
         request.inputs.add(name=inp.name, datatype=inp.dtype, shape=[1, *inp.row])
         request.raw_input_contents.append(rows(inp, 1, rng).tobytes())  # in the inputs' order
     return request
@@ -247,7 +249,7 @@ def serve(server: str, model: str, base: Path, a, levels: list[int], emit, work:
         proc = subprocess.Popen(command(server, model, base, port, a), cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
                                 env=dict(os.environ, PEERS_DIR=a.peers_dir), start_new_session=True)  # fmt: skip
         wait_ready(port, proc, model)
-        check_infer(port, request, SUITE[model].output)
+        check_infer(port, request, MODELS[model].output)
         emit({"event": "ready", "seconds": round(time.monotonic() - t0, 1)}, model=model)
         levels_out, rate = {}, None
         for c in levels:  # long enough for each caller to finish ~8 requests at the rate of the first level
@@ -256,7 +258,7 @@ def serve(server: str, model: str, base: Path, a, levels: list[int], emit, work:
             rate = rate or levels_out[c]["rows_s"]
         one = asyncio.run(aio_level(port, METHOD, payload, levels[0], a.seconds))  # 1 caller through grpcio's client
         emit({**one, "client": "grpcio"}, model=model)
-        check_infer(port, request, SUITE[model].output, calls=1)  # still answering after the load
+        check_infer(port, request, MODELS[model].output, calls=1)  # still answering after the load
         results[model] = {"levels": levels_out, "grpc_one_ms": None if one["failed"] else one["mean_ms"]}
         if server == "servex" and model == "wide_deep":
             try:
@@ -455,7 +457,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=1)
-    ap.add_argument("--models", default=",".join(SUITE), help="wide_deep also measures wide_deep_classify")
+    ap.add_argument(
+        "--models", default=",".join(SUITE), help=f"of {', '.join(MODELS)}; wide_deep adds wide_deep_classify"
+    )
     ap.add_argument("--servers", default="inprocess,servex,kserve,mlserver")
     ap.add_argument("--concurrency", default="1,8,32")
     ap.add_argument("--models_dir", default=os.path.join(tempfile.gettempdir(), "suite"))

@@ -1,9 +1,10 @@
 """The benchmark model suite: real architectures with random weights (nothing is downloaded).
 
-    python scripts/suite_models.py OUT [mlp] [resnet50] [mobilenet_v2] [transformer] [wide_deep]
+    python scripts/suite_models.py OUT [mlp] [resnet50] [mobilenet_v2] [transformer] [wide_deep] [efficientnet_b0] ...
 
-Each model is exported as a TensorFlow Serving base path, ``OUT/NAME/1``; one already there is kept. ``SUITE``
-says, for each, the request the benchmark sends (input name, shape of one row, dtype) and its output.
+Each model is exported as a TensorFlow Serving base path, ``OUT/NAME/1``; one already there is kept. ``MODELS``
+says, for each, the request the benchmark sends (input name, shape of one row, dtype) and its output: ``SUITE``,
+the suite the benchmark runs by default, and ``MORE``, other architectures to check the defaults on.
 
 - ``mlp``: the benchmark kit's MLP (64 float features -> 3x256 ReLU -> score), exported by the kit itself.
 - ``resnet50``, ``mobilenet_v2``: ``keras.applications`` with ``weights=None``, 224x224x3 float32 images.
@@ -12,6 +13,9 @@ says, for each, the request the benchmark sends (input name, shape of one row, d
 - ``wide_deep``: a recommender whose embedding table holds 1,100,000 x 64 float32 (282 MB): ``serving_default``
   takes dense features (``dense`` [batch, 13] float32, ``ids`` [batch, 8] int64) through Predict; ``classify``
   and ``regress`` take serialized ``tf.Example``s (features ``dense`` and ``ids``) through Classify and Regress.
+- ``efficientnet_b0``, ``densenet121`` (``MORE``): ``keras.applications``, as the images above.
+- ``gru`` (``MORE``): int32 token ids [batch, 64] -> embedding 128 -> GRU 256 -> score [batch, 1]: a recurrent
+  network, whose run is a loop of 64 steps of small ops.
 """
 
 from __future__ import annotations
@@ -50,6 +54,12 @@ SUITE = {
         "wide_deep", (Input("dense", (13,), "FP32", 1), Input("ids", (8,), "INT64", 1_100_000)), "score", "requests"
     ),
 }
+MORE = {
+    "efficientnet_b0": SuiteModel("efficientnet_b0", SUITE["resnet50"].inputs, "probabilities", "images"),
+    "densenet121": SuiteModel("densenet121", SUITE["resnet50"].inputs, "probabilities", "images"),
+    "gru": SuiteModel("gru", (Input("token_ids", (64,), "INT32", 8192),), "score", "sequences"),
+}
+MODELS = {**SUITE, **MORE}
 WIDE_DEEP_ROWS = 1_100_000  # x 64 float32: 282 MB
 WIDE_DEEP_IDS = 8
 
@@ -154,6 +164,30 @@ def wide_deep(path: str, rows=WIDE_DEEP_ROWS, dim=64, dense=13) -> None:
     tf.saved_model.save(module, path, signatures=signatures)
 
 
+def efficientnet_b0(path: str) -> None:
+    _image_model(path, _tf().keras.applications.EfficientNetB0)
+
+
+def densenet121(path: str) -> None:
+    _image_model(path, _tf().keras.applications.DenseNet121)
+
+
+def gru(path: str) -> None:
+    tf = _tf()
+    keras = tf.keras
+    ids = keras.Input((64,), dtype="int32", name="token_ids")
+    model = keras.Model(ids, keras.layers.Dense(1)(keras.layers.GRU(256)(keras.layers.Embedding(8192, 128)(ids))))
+    module = tf.Module()
+    module.model = model
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 64], tf.int32, name="token_ids")])
+    def serve(token_ids):
+        return {"score": model(token_ids, training=False)}
+
+    module.serve = serve
+    tf.saved_model.save(module, path, signatures={"serving_default": serve})
+
+
 def mlp(path: str) -> None:
     out = Path(path).parents[1]
     subprocess.run(
@@ -165,6 +199,8 @@ def export(out: Path, names=tuple(SUITE)) -> dict[str, Path]:
     """Each named model under ``out/NAME`` (a base path; version 1), exported unless already there."""
     paths = {}
     for name in names:
+        if name not in MODELS:
+            raise SystemExit(f"no model {name!r} in the suite: {', '.join(MODELS)}")
         version = out / name / "1"
         if not (version / "saved_model.pb").exists():
             globals()[name](str(version))
