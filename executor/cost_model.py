@@ -226,29 +226,29 @@ class ThreadModeChooser:
     """Whether a client graph's runs go faster on their run worker alone (TensorFlow's ops one after another, each
     spread over the intra-op pool) or handed to TensorFlow's inter-op pool (independent ops at once: a network's
     parallel branches). A small graph always runs on its worker: handing its ops over costs more than they take.
-    A compute-bound one tries both, its worker first, in turns of ``TRIALS`` runs at one batch-size bucket (not
-    alternating run by run, which would let the pool's threads fall asleep before each run handed to them), until
-    ``TRIALS`` runs of each at one bucket were seen, leaving out the first ``WARMUP`` runs of each: TensorFlow's
-    executor learns which kernels are cheap enough to run inline over its first runs, and a GRU's runs on the pool
-    took 3-7 ms for the first 8-15 runs, then 2.0-2.6 ms (2.6-2.7 ms on its worker from the second run on). Then it
-    keeps the faster (the pool only where it saves ``POOL_GAIN`` of the time). Measured on 2 cores: MobileNetV2 takes
-    12-15 ms an image handed to the pool against 14-18 ms on its worker, ResNet-50 about 49 ms on either."""
+    A compute-bound one tries both, alternating, until ``TRIALS`` runs of each at one batch-size bucket were seen,
+    then keeps the faster (the pool only where it saves ``POOL_GAIN`` of the time): measured on 2 cores, MobileNetV2
+    takes 15 ms a image handed to the pool against 18 ms on its worker, ResNet-50 58 ms against 50."""
 
-    TRIALS = 8
-    WARMUP = 10
+    # Trials happen while serving, so they are few: 18 runs of each in turns, the first 10 left out (TensorFlow's
+    # executor learns over its first runs which kernels to run inline), chose the same modes for the suite's models
+    # and a GRU, and raised ResNet-50's mean latency at 1 caller over the first seconds from 52 ms to 60.
+    TRIALS = 5
     POOL_GAIN = 0.05
 
     def __init__(self, name: str = ""):
         self.name = name
         self.pooled: bool | None = None  # None: not decided yet
         self._samples: dict[tuple[int, bool], list[float]] = {}
-        self._warmed = {False: 0, True: 0}  # runs of each mode seen (the first WARMUP are not compared)
-        self._turn = False  # the first runs on its worker: a small graph is told at once, without a pooled callable
+        self._turn = True  # the first run on its worker: a small graph is told at once, without a pooled callable
         self._lock = threading.Lock()
 
     def pick(self) -> bool:
         """Whether the next run goes to the inter-op pool."""
-        return self._turn if self.pooled is None else self.pooled
+        if self.pooled is not None:
+            return self.pooled
+        self._turn = not self._turn
+        return self._turn
 
     def record(self, pooled: bool, rows: int, seconds: float) -> None:
         """A run of ``rows`` rows took ``seconds``, on the pool or not."""
@@ -261,15 +261,10 @@ class ThreadModeChooser:
             if seconds < COMPUTE_BOUND_SECONDS and not pooled:
                 self.pooled = False  # a small graph: on its worker
                 return
-            self._warmed[pooled] += 1
-            if self._warmed[pooled] <= self.WARMUP:
-                return
             b = bucket(rows)
             samples = self._samples.setdefault((b, pooled), [])
             samples.append(seconds / rows)
             other = self._samples.get((b, not pooled), [])
-            if len(samples) >= self.TRIALS:
-                self._turn = not pooled  # this mode's turn is over
             if len(samples) < self.TRIALS or len(other) < self.TRIALS:
                 return
             on_pool, alone = (samples, other) if pooled else (other, samples)

@@ -167,7 +167,7 @@ def chosen(inline_seconds: float, pooled_seconds: float, rows: int = 1) -> tuple
     """Run a ThreadModeChooser to its decision on fixed run times; its choice and the modes it tried."""
     chooser = ThreadModeChooser()
     tried = []
-    for _ in range(4 * (ThreadModeChooser.TRIALS + ThreadModeChooser.WARMUP)):
+    for _ in range(4 * ThreadModeChooser.TRIALS):
         if chooser.pooled is not None:
             break
         pooled = chooser.pick()
@@ -182,45 +182,15 @@ def test_a_small_graph_stays_on_its_worker_after_one_run():
 
 def test_a_compute_bound_graph_tries_both_and_keeps_the_faster():
     pooled, tried = chosen(inline_seconds=0.018, pooled_seconds=0.015)  # MobileNetV2-like
-    # In turns, its worker first: alternating run by run, each run on the pool would wake its threads.
-    trials = ThreadModeChooser.TRIALS + ThreadModeChooser.WARMUP
-    assert pooled is True and tried == [False] * trials + [True] * trials
+    assert pooled is True and tried.count(True) == tried.count(False) == ThreadModeChooser.TRIALS
     assert chosen(inline_seconds=0.050, pooled_seconds=0.058)[0] is False  # ResNet-50-like
     # The pool must save 5%: a tie stays on the worker, which hands nothing over.
     assert chosen(inline_seconds=0.020, pooled_seconds=0.0195)[0] is False
 
 
-def test_the_first_runs_of_each_mode_are_not_compared():
-    # A GRU's first runs on the pool were slow (memory allocated, threads woken): taken into the trials, its worker
-    # looked faster, though the pool saves a fifth of each later run.
-    chooser = ThreadModeChooser()
-    for _ in range(ThreadModeChooser.WARMUP):
-        chooser.record(False, 1, 0.0066)
-        chooser.record(True, 1, 0.0060)
-    for _ in range(ThreadModeChooser.TRIALS):
-        assert chooser.pooled is None
-        chooser.record(False, 1, 0.0027)
-        chooser.record(True, 1, 0.0022)
-    assert chooser.pooled is True
-
-
-def test_turns_go_on_until_both_modes_ran_at_one_batch_size():
-    chooser = ThreadModeChooser()
-    for _ in range(ThreadModeChooser.WARMUP + ThreadModeChooser.TRIALS):
-        assert chooser.pick() is False
-        chooser.record(False, 1, 0.010)
-    for _ in range(ThreadModeChooser.WARMUP + ThreadModeChooser.TRIALS):  # the pool's turn, at 8 rows a run
-        assert chooser.pick() is True
-        chooser.record(True, 8, 0.040)
-    assert chooser.pick() is False and chooser.pooled is None  # the worker's turn again, to meet it at 8 rows
-    for _ in range(ThreadModeChooser.TRIALS):
-        chooser.record(False, 8, 0.060)
-    assert chooser.pooled is True
-
-
 def test_runs_of_other_batch_sizes_are_not_compared():
     chooser = ThreadModeChooser()
-    for _ in range(ThreadModeChooser.TRIALS + ThreadModeChooser.WARMUP):
+    for _ in range(ThreadModeChooser.TRIALS):
         chooser.record(False, 1, 0.010)
         chooser.record(True, 8, 0.040)  # per row far less, but at another size
     assert chooser.pooled is None

@@ -73,7 +73,7 @@ def thread_cpu_times(pid: int) -> dict[int, int]:
 def busy_threads(daemon, stub, calls: int = 10) -> int:
     """How many of the daemon's threads did a real share of the CPU work of one request (the median over ``calls``
     requests, one at a time: successive requests may run on different run workers)."""
-    for i in range(2 * (ThreadModeChooser.TRIALS + ThreadModeChooser.WARMUP) + 2):  # built, restored, its mode chosen
+    for i in range(2 * ThreadModeChooser.TRIALS + 2):  # built, restored, classified, its thread mode chosen
         stub.ModelInfer(request(i), timeout=60)
     counts = []
     for i in range(calls):
