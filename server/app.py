@@ -211,6 +211,7 @@ def make_run_handler(settings: ServerSettings, batching) -> RunHandler:
         hold_seconds=settings.result_hold_micros / 1e6,
         lower_priority_burst=settings.lower_priority_burst,
         max_padded_batch_bytes=settings.max_message_bytes,
+        compute_bound_runs=settings.auto_compute_bound_runs,
     )
 
 

@@ -132,6 +132,8 @@ def _check_bounds(args: argparse.Namespace, admin_port: int, fail) -> None:
         fail(f"--num_request_iterations_for_warmup must be at least 1, got {args.num_request_iterations_for_warmup}")
     if args.auto_max_batch_size < 1:
         fail(f"--auto_max_batch_size must be at least 1, got {args.auto_max_batch_size}")
+    if args.auto_compute_bound_runs < 1:
+        fail(f"--auto_compute_bound_runs must be at least 1, got {args.auto_compute_bound_runs}")
     if args.serving_processes < 1:
         fail(f"--serving_processes must be at least 1, got {args.serving_processes}")
     if args.serving_processes > 1 and admin_port:

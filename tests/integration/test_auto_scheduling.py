@@ -124,3 +124,24 @@ def test_with_one_thread_in_each_tensorflow_pool_the_same_request_runs_on_one_th
     daemon = start_daemon("--model_name=conv", f"--model_base_path={conv_model}", *one_thread, spare=False)
     stub = service_pb2_grpc.GRPCInferenceServiceStub(daemon.channel)
     assert busy_threads(daemon, stub) == 1
+
+
+def test_runs_at_once_of_a_compute_bound_model_follow_the_flag(start_daemon, conv_model):
+    # --auto_compute_bound_runs=1: one batch at a time, each on every core (recurrent graphs of tiny ops may serve
+    # more so); the choice says so, and concurrent requests still batch.
+    daemon = start_daemon("--model_name=conv", f"--model_base_path={conv_model}", "--auto_compute_bound_runs=1",
+                          "--num_run_workers=2")  # fmt: skip
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(daemon.channel)
+    for i in range(2 * ThreadModeChooser.TRIALS + 2):  # built, restored, classified, its thread mode chosen
+        stub.ModelInfer(request(i), timeout=60)
+    labels = {"model": "conv", "version": "1", "signature": "serving_default"}
+    assert metric(daemon, "servex_scheduler_compute_bound", **labels) == 1
+    assert metric(daemon, "servex_scheduler_concurrency", **labels) == 1
+    before = metric(daemon, "servex_batch_size_count", model="conv")
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda i: stub.ModelInfer(request(i), timeout=120), range(24)))
+    assert all(list(a.outputs[0].shape) == [1, 64] for a in answers)
+    assert metric(daemon, "servex_batch_size_count", model="conv") - before == 24
+    assert metric(daemon, "servex_batch_size_bucket", model="conv", le="1.0") < metric(
+        daemon, "servex_batch_size_count", model="conv"
+    )

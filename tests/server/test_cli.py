@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from servex.executor.cost_model import COMPUTE_BOUND_RUNS
 from servex.server.cli import parse_settings
 from servex.server.config.settings import ServerSettings
 
@@ -15,13 +16,21 @@ def test_grpc_listeners_default_and_flag():
     assert parse_settings(["--grpc_listeners=2"])[0].grpc_listeners == 2
 
 
-@pytest.mark.parametrize("flag", ["--grpc_listeners", "--serving_processes", "--num_request_iterations_for_warmup"])
+@pytest.mark.parametrize(
+    "flag",
+    ["--grpc_listeners", "--serving_processes", "--num_request_iterations_for_warmup", "--auto_compute_bound_runs"],
+)
 @pytest.mark.parametrize("value", ["0", "-1"])
 def test_a_count_below_one_is_refused_naming_the_flag(flag, value, capsys):
     with pytest.raises(SystemExit) as info:
         parse_settings([f"{flag}={value}"])
     assert info.value.code == 2
     assert f"{flag} must be at least 1, got {value}" in capsys.readouterr().err
+
+
+def test_compute_bound_runs_default_is_the_run_handlers_and_a_flag_sets_it():
+    assert parse_settings([])[0].auto_compute_bound_runs == COMPUTE_BOUND_RUNS == 2
+    assert parse_settings(["--auto_compute_bound_runs=1"])[0].auto_compute_bound_runs == 1
 
 
 def test_model_warmup_defaults_and_flags():
