@@ -42,14 +42,13 @@ class BatchRuns:
         limit = item.cost.batch_limit() if item.cost is not None else batching.max_batch_size
         bounded = batching.pad_variable_length_inputs and self.max_padded_batch_bytes
         padded = PaddedBatch.of(item) if bounded else None  # padding's byte bound: what the batch holds
+        left = 0  # rows of the graph's requests left queued
         for other in list(queue):
-            if len(batch) >= most:
-                break
-            if (
-                other.batch_key == item.batch_key
-                and rows + other.rows <= limit
-                and (not paced or other.outbox is outbox)  # credit is the loop's own
-            ):
+            if other.batch_key != item.batch_key:
+                continue
+            if len(batch) >= most or rows + other.rows > limit or paced and other.outbox is not outbox:
+                left += other.rows  # (paced: credit is the loop's own)
+            else:
                 expired = other.ticket.deadline is not None and now > other.ticket.deadline
                 if other.future.cancelled() or expired:
                     queue.remove(other)
@@ -65,6 +64,8 @@ class BatchRuns:
                 self._dequeued(other)
                 batch.append(other)
                 rows += other.rows
+        if item.cost is not None:
+            item.cost.waiting = rows + left  # the load on the graph, for its runs at once (runs_at_once.py)
 
     def _over_padded_bytes(self, padded: PaddedBatch, batching: BatchingOptions, feeds: dict) -> bool:
         """Whether a batch padded as ``padded`` says (inputs like ``feeds``) would hold more than
@@ -96,7 +97,7 @@ class BatchRuns:
                 if size > total:  # pad with copies of the last row, as TensorFlow Serving pads
                     parts.append(np.repeat(parts[-1][-1:], size - total, axis=0))
                 feeds[name] = parts[0] if len(parts) == 1 else np.concatenate(parts)
-            before = cost.running if cost is not None else 1
+            before, waiting = (cost.running, cost.waiting) if cost is not None else (1, total)
             outputs = executor.run(feeds, fetches, (), "", pin)
             seconds = time.monotonic() - started
             if any(o.ndim == 0 or o.shape[0] != size for o in outputs):
@@ -117,7 +118,7 @@ class BatchRuns:
                 cost.verified = False
             return
         if cost is not None:
-            cost.observe(total, seconds, at_once(before, cost))
+            cost.observe(total, seconds, at_once(before, cost), waiting)
         trace_batch(batch, started, started + seconds, size)
         self._metrics_for(first.ticket).stats.ran(len(batch), total, seconds)  # one graph: one model version
         offset = 0
@@ -151,7 +152,7 @@ class BatchRuns:
 
     def _run_alone(self, item: WorkItem, executor, fetches, pin, started: float, held: Held) -> bool:
         """Run ``item`` on its own and hand its answer back; whether it ran without an error."""
-        before = item.cost.running if item.cost is not None else 1
+        before, waiting = (item.cost.running, item.cost.waiting) if item.cost is not None else (1, item.rows)
         try:
             result, ok = executor.run(item.feeds, fetches, (), "", pin), True
         except BaseException as e:
@@ -159,7 +160,7 @@ class BatchRuns:
         ended = time.monotonic()
         seconds = ended - started
         if ok and item.cost is not None:
-            item.cost.observe(item.rows, seconds, at_once(before, item.cost))
+            item.cost.observe(item.rows, seconds, at_once(before, item.cost), waiting)
         if item.ticket.trace is not None:
             trace_run(item, started, ended, item.rows)
         metrics = self._metrics_for(item.ticket)

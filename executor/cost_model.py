@@ -9,10 +9,12 @@ and from their medians chooses:
   least ``COMPUTE_BOUND_SECONDS`` (the
   TensorFlow run is the cost: ResNet-50, an encoder), else *call-bound* (receiving, decoding and answering the call
   cost more than the run: a small MLP, an embedding lookup);
-- **how many runs of it go at once**: ``COMPUTE_BOUND_RUNS`` (two) for a compute-bound graph, both spread over
-  every core by TensorFlow's intra-op pool: one run alone leaves the cores idle at each op's end (the pool waits
-  for an op's last shard) and while the next batch's requests are received, and the second run's ops fill those
-  gaps; as many as there are run workers for a call-bound graph, whose runs barely use a core each;
+- **how many runs of it go at once**: for a compute-bound graph up to ``COMPUTE_BOUND_RUNS`` (two), each spread
+  over every core by TensorFlow's intra-op pool: one run alone leaves the cores idle at each op's end (the pool
+  waits for an op's last shard) and while the next batch's requests are received, and the second run's ops fill
+  those gaps; but a graph of many tiny ops has no gaps to fill, and one run at a time serves it more: which of the
+  two, a trial while it is busy tells (runs_at_once.py). As many as there are run workers for a call-bound graph,
+  whose runs barely use a core each;
 - **the largest batch**: the maximum for a call-bound graph; for a compute-bound one the knee of the measured
   curve, the smallest batch size whose time per row is within ``KNEE_TOLERANCE`` of the best size seen. Larger
   batches would hold more memory and make each caller wait longer for little more throughput. Until a bucket has
@@ -29,11 +31,14 @@ from __future__ import annotations
 import logging
 import statistics
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from servex.executor.runs_at_once import RunsAtOnce
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +122,6 @@ class GraphCost:
     ):
         self.max_batch_size = max_batch_size
         self.workers = workers  # runs at once of a call-bound graph
-        self.compute_runs = compute_runs  # runs at once of a compute-bound graph
         self.threads = threads  # TensorFlow's intra-op threads, which every run may use
         self.name = name  # for the log line
         self.on_change = on_change
@@ -127,34 +131,50 @@ class GraphCost:
         self._batches = 0
         self._proposed, self._streak = 0, 0  # a new batch limit proposed, and how many decisions in a row did
         self.running = 0  # runs of it going now (the RunHandler counts them under its lock)
+        self.waiting = 0  # rows of it queued when its last batch was taken, that batch's included (the same)
         # Batching's answers checked against runs one by one: None until a batch was checked.
         self.verified: bool | None = None
         self.choice = Choice(False, workers, max_batch_size)
+        self.runs = RunsAtOnce(compute_runs)  # a compute-bound graph's runs at once: 1, or compute_runs
+        self.concurrency = workers  # runs of it that may go at once now (the choice's, or a trial's)
 
     # -- what was seen -------------------------------------------------------------------------------------------
 
-    def observe(self, rows: int, seconds: float, at_once: float = 1.0) -> Choice | None:
+    def observe(
+        self, rows: int, seconds: float, at_once: float = 1.0, waiting: int = 0, ended: float | None = None
+    ) -> Choice | None:
         """A run of ``rows`` rows took ``seconds`` while ``at_once`` runs of the graph went (this one included, on
-        average over the run); returns the new choice when this run changed it. Runs at once share the cores, so
-        each takes longer for it: what counts is its time over ``at_once``, the time the cores gave its rows.
-        Without it, one-row runs measured alone (one caller) looked twice as cheap per row as the batches two
-        runs at once then ran (more callers), and the limit fell to 1 row for seconds at each rise of the load."""
+        average over the run), ending at ``ended`` (by default now), its batch taken where ``waiting`` rows of the
+        graph were queued (its own included); returns the new choice when this run changed it. Runs at once share
+        the cores, so each takes longer for it: what counts is its time over ``at_once``, the time the cores gave
+        its rows. Without it, one-row runs measured alone (one caller) looked twice as cheap per row as the batches
+        two runs at once then ran (more callers), and the limit fell to 1 row for seconds at each rise of the load.
+        A compute-bound graph's runs at once are learned by trial (runs_at_once.py)."""
         if rows < 1 or seconds < 0:
             return None
-        seconds /= max(at_once, 1.0)
+        ended = time.monotonic() if ended is None else ended
         with self._lock:
             b = bucket(rows)
             window = self._per_row.get(b)
             if window is None:
                 window = self._per_row[b] = deque(maxlen=WINDOW)
-            window.append(seconds / rows)
+            window.append(seconds / max(at_once, 1.0) / rows)
             self._runs += 1
-            if self._runs % DECIDE_EVERY and self._runs != MIN_SAMPLES:  # a first choice after a few runs
+            tried = None
+            if self.choice.compute_bound:  # how many of its runs go at once: learned by trial (runs_at_once.py)
+                tried = self.runs.observe(rows, max(waiting, rows), ended - seconds, ended, self.running)
+                self.concurrency = self.runs.now
+            if tried is None and self._runs % DECIDE_EVERY and self._runs != MIN_SAMPLES:  # a first choice soon
                 return None
             choice = self._decide()
+            self.concurrency = self.runs.now if choice.compute_bound else choice.concurrency
             if choice == self.choice:
                 return None
             self.choice = choice
+        if tried is not None:
+            log.info("client graph %s: %s", self.name, ", ".join(
+                f"{runs} at once served {rows_s:,.1f} rows/s" for runs, rows_s in sorted(self.runs.served.items())
+            ))  # fmt: skip
         log.info("client graph %s: %s", self.name, choice.describe(self.threads))
         if self.on_change is not None:
             self.on_change(choice)
@@ -186,7 +206,7 @@ class GraphCost:
             compute_bound = one_row >= COMPUTE_BOUND_SECONDS / 2
         else:
             compute_bound = one_row >= COMPUTE_BOUND_SECONDS
-        concurrency = self.compute_runs if compute_bound else self.workers
+        concurrency = self.runs.chosen if compute_bound else self.workers
         if not compute_bound:  # the call is the cost: a larger batch only saves hand-offs
             return Choice(False, concurrency, self.max_batch_size)
         best = min(seen.values())

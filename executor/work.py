@@ -114,4 +114,4 @@ def trace_batch(batch: list[WorkItem], started: float, ended: float, size: int) 
 def saturated(item: WorkItem) -> bool:
     """Whether ``item``'s client graph already runs as many times at once as the scheduler lets it."""
     cost = item.cost
-    return cost is not None and cost.running >= cost.choice.concurrency
+    return cost is not None and cost.running >= cost.concurrency

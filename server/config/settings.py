@@ -209,18 +209,19 @@ class ServerSettings:
     )
     # Without enable_batching: servex's automatic batching. The RunHandler learns each client graph's run time per
     # batch size while serving and picks its largest batch (the knee of the measured curve, at most
-    # auto_max_batch_size rows) and how many of its runs go at once (auto_compute_bound_runs for a compute-bound
-    # graph, each spread over every core; one per run worker where the call is the cost); a graph batches only once
-    # its first batch answered as its requests do run alone. executor/cost_model.py says how.
-    # --enable_batching=false turns it off.
+    # auto_max_batch_size rows) and how many of its runs go at once (a compute-bound graph: one or
+    # auto_compute_bound_runs, each spread over every core, by trial; one per run worker where the call is the
+    # cost); a graph batches only once its first batch answered as its requests do run alone.
+    # executor/cost_model.py says how. --enable_batching=false turns it off.
     auto_batching: bool = True
     auto_max_batch_size: int = flag(32, BATCHING, "automatic batching: the largest batch it may pick, in rows")
     auto_compute_bound_runs: int = flag(  # the RunHandler's own default is executor/cost_model.py's (the same)
         2,
         BATCHING,
-        "automatic batching: runs of a compute-bound client graph that go at once, each spread over every core "
-        "(two fill each other's idle gaps; one may serve recurrent graphs of many tiny ops more)",
-        doc="Which to pick: [scheduling.md](scheduling.md).",
+        "automatic batching: the most runs of a compute-bound client graph that go at once, each spread over every "
+        "core; while the graph is busy servex tries one at a time against this many and keeps the one that serves "
+        "more (1: one at a time, never tried)",
+        doc="How it is tried: [scheduling.md](scheduling.md).",
     )
     batching_parameters_file: str = flag(
         "",

@@ -218,3 +218,35 @@ def test_a_call_bound_graph_may_run_on_every_worker():
     labels = {"model": "fast", "version": "1", "signature": "serving_default"}
     assert REGISTRY.get_sample_value("servex_scheduler_compute_bound", labels) == 0
     assert REGISTRY.get_sample_value("servex_scheduler_concurrency", labels) == 3
+
+
+def test_each_batch_reports_the_rows_that_waited_for_its_graph_when_it_was_taken():
+    # The load on a graph, for its runs at once (executor/runs_at_once.py): a batch's rows and those left queued.
+    handler = RunHandler(1, batching=BatchingOptions(max_batch_size=4, auto=True))
+    executor = Doubler()
+    ticket = Ticket()
+    seen = []
+
+    async def main():
+        busy = Busy(handler)
+        await busy.wait_started()
+        futures = [handler.submit_batchable(executor, {"x": v}, ["y"], False, ticket) for v in rows(10)]
+        (cost,) = handler._costs[executor].graphs.values()
+        observe = cost.observe
+
+        def recording(n, seconds, at_once=1.0, waiting=0, ended=None):
+            if waiting:  # (the first batch's check runs its requests alone too: those report none)
+                seen.append((n, waiting))
+            return observe(n, seconds, at_once, waiting, ended)
+
+        cost.observe = recording
+        busy.release.set()
+        await busy.future
+        return await asyncio.gather(*futures)
+
+    try:
+        results = run(main())
+    finally:
+        handler.close()
+    assert [r[0].tolist() for r in results] == [(v * 2).tolist() for v in rows(10)]
+    assert seen == [(4, 10), (4, 6), (2, 2)]
