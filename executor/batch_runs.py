@@ -98,7 +98,7 @@ class BatchRuns:
                     parts.append(np.repeat(parts[-1][-1:], size - total, axis=0))
                 feeds[name] = parts[0] if len(parts) == 1 else np.concatenate(parts)
             before, waiting = (cost.running, cost.waiting) if cost is not None else (1, total)
-            outputs = executor.run(feeds, fetches, (), "", pin)
+            outputs = executor.run(feeds, fetches, (), "", pin, alone=before <= 1 and waiting <= total)
             seconds = time.monotonic() - started
             if any(o.ndim == 0 or o.shape[0] != size for o in outputs):
                 self._unbatchable.add(first.batch_key)  # later requests of this graph run on their own
@@ -138,7 +138,7 @@ class BatchRuns:
         offset = 0
         for item in batch[:VERIFY_REQUESTS]:
             started, before = time.monotonic(), cost.running
-            alone = executor.run(item.feeds, fetches, (), "", pin)
+            alone = executor.run(item.feeds, fetches, (), "", pin, alone=False)
             cost.observe(item.rows, time.monotonic() - started, at_once(before, cost))
             if not answers_agree([o[offset : offset + item.rows] for o in outputs], alone):
                 log.warning(
@@ -153,8 +153,9 @@ class BatchRuns:
     def _run_alone(self, item: WorkItem, executor, fetches, pin, started: float, held: Held) -> bool:
         """Run ``item`` on its own and hand its answer back; whether it ran without an error."""
         before, waiting = (item.cost.running, item.cost.waiting) if item.cost is not None else (1, item.rows)
+        alone = before <= 1 and waiting <= item.rows  # no other run of the graph, none queued
         try:
-            result, ok = executor.run(item.feeds, fetches, (), "", pin), True
+            result, ok = executor.run(item.feeds, fetches, (), "", pin, alone=alone), True
         except BaseException as e:
             result, ok = e, False
         ended = time.monotonic()

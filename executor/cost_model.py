@@ -243,23 +243,33 @@ class GraphCost:
 
 
 class ThreadModeChooser:
-    """Whether a client graph's runs go faster on their run worker alone (TensorFlow's ops one after another, each
-    spread over the intra-op pool) or handed to TensorFlow's inter-op pool (independent ops at once: a network's
-    parallel branches). A small graph always runs on its worker: handing its ops over costs more than they take.
-    A compute-bound one tries both, alternating, until ``TRIALS`` runs of each at one batch-size bucket were seen,
-    then keeps the faster (the pool only where it saves ``POOL_GAIN`` of the time): measured on 2 cores, MobileNetV2
-    takes 15 ms a image handed to the pool against 18 ms on its worker, ResNet-50 58 ms against 50."""
+    """Whether a client graph's runs that go alone (no other run of it going, nothing of it queued) go faster on
+    their run worker (TensorFlow's ops one after another, each spread over the intra-op pool) or handed to
+    TensorFlow's inter-op pool (independent ops at once: a network's parallel branches). A small graph always runs
+    on its worker: handing its ops over costs more than they take. A compute-bound one tries both, alternating,
+    until ``TRIALS`` runs of each at one batch-size bucket were seen (after ``WARM``), then keeps the faster (the
+    pool only where it saves ``POOL_GAIN`` of the time): measured on 2 cores, MobileNetV2 takes 15 ms a image handed
+    to the pool against 18 ms on its worker, ResNet-50 58 ms against 50, a GRU 2.5 ms against 2.9.
 
-    # Trials happen while serving, so they are few: 18 runs of each in turns, the first 10 left out (TensorFlow's
-    # executor learns over its first runs which kernels to run inline), chose the same modes for the suite's models
-    # and a GRU, and raised ResNet-50's mean latency at 1 caller over the first seconds from 52 ms to 60.
+    Runs under load always go on their worker (``LoadedClientGraph.run``): the pool's parallel ops fill cores that a
+    run alone leaves idle, but under load other runs and the calls fill them. At 32 callers on 2 cores the pool
+    served a GRU 1,412-1,508 sequences/s against 1,425-1,717 on its worker; MobileNetV2 and the encoder the same."""
+
+    # Trials happen while serving, so they are few: 18 runs of each in turns, the first 10 left out, chose the same
+    # modes for the suite's models and a GRU, and raised ResNet-50's mean latency at 1 caller over the first seconds
+    # from 52 ms to 60. Each mode's first ``WARM`` runs are left out: TensorFlow's executor learns over its first
+    # runs which kernels to run inline, and a callable's first runs are slower by more than the modes differ (counted,
+    # they kept an encoder on its worker at 12.3 ms a run against 10.0 on the pool, MobileNetV2 at 17 ms against 15).
+    WARM = 5
     TRIALS = 5
+    RUNS = 2 * (WARM + TRIALS)  # runs alone before the choice, at most (of a graph whose runs are all of one bucket)
     POOL_GAIN = 0.05
 
     def __init__(self, name: str = ""):
         self.name = name
         self.pooled: bool | None = None  # None: not decided yet
         self._samples: dict[tuple[int, bool], list[float]] = {}
+        self._warm = {False: 0, True: 0}  # runs of each mode so far, up to WARM
         self._turn = True  # the first run on its worker: a small graph is told at once, without a pooled callable
         self._lock = threading.Lock()
 
@@ -280,6 +290,9 @@ class ThreadModeChooser:
                 return
             if seconds < COMPUTE_BOUND_SECONDS and not pooled:
                 self.pooled = False  # a small graph: on its worker
+                return
+            if self._warm[pooled] < self.WARM:
+                self._warm[pooled] += 1
                 return
             b = bucket(rows)
             samples = self._samples.setdefault((b, pooled), [])

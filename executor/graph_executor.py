@@ -95,10 +95,11 @@ class LoadedClientGraph:
     _chooser: ThreadModeChooser | None = None
     _pooled: object = None
 
-    def run(self, sorted_feeds: Sequence[np.ndarray]) -> list[np.ndarray]:
-        """Run with feed values in ``feeds`` order; returns fetches in ``fetch_names`` order, each an ndarray."""
+    def run(self, sorted_feeds: Sequence[np.ndarray], alone: bool = True) -> list[np.ndarray]:
+        """Run with feed values in ``feeds`` order; returns fetches in ``fetch_names`` order, each an ndarray.
+        ``alone``: no other run of the graph goes and nothing of it waits; a run under load goes on its worker."""
         chooser = self._chooser
-        if chooser is None:
+        if chooser is None or not alone:
             return self._run(self._callable, sorted_feeds)
         if chooser.pooled is not None:
             return self._run(self._pooled if chooser.pooled else self._callable, sorted_feeds)
@@ -387,11 +388,13 @@ class GraphExecutor:
         targets: Sequence[str] = (),
         graph_name: str = "",
         pin: bool = False,
+        alone: bool = True,
     ) -> list[np.ndarray]:
         """Run with ``inputs`` by tensor name; returns the ``fetches`` values in the caller's order.
 
         ``graph_name`` names the client graph explicitly (its cache entry is found by that name, and the name
-        must keep meaning the same names); ``pin`` keeps the graph out of eviction. Raises InvalidArgument for
+        must keep meaning the same names); ``pin`` keeps the graph out of eviction; ``alone`` (the RunHandler's
+        word): no other run of the graph goes and none waits (LoadedClientGraph.run). Raises InvalidArgument for
         unknown names, resource or variant feeds and fetches, and inputs whose dtype or shape the graph rejects;
         PermissionDenied for a graph that would run a state-changing or file op other than as a signature runs it
         (``executor/op_policy.py``). The outputs are ndarrays, 0-d ones included.
@@ -416,7 +419,7 @@ class GraphExecutor:
         if gate is not None:
             gate.enter()
         try:
-            results = graph.run(ordered)
+            results = graph.run(ordered, alone)
         except tf.errors.OpError as e:  # TensorFlow's own check failed: keep its status code and words
             raise error_with_code(e.error_code, f"running {graph.key!r} failed: {e.message}") from e
         finally:

@@ -22,7 +22,7 @@ AUTO = BatchingOptions(max_batch_size=32, auto=True)
 class MeanRemover(Doubler):
     """Answers x minus the batch's mean: its rows depend on each other, so batching changes its answers."""
 
-    def run(self, feeds, fetches, targets=(), graph_name="", pin=False):
+    def run(self, feeds, fetches, targets=(), graph_name="", pin=False, alone=True):
         x = feeds["x"]
         self.runs.append(x.shape[0])
         return [x - x.mean(axis=0)]
@@ -31,7 +31,7 @@ class MeanRemover(Doubler):
 class OneRowOnly(Doubler):
     """A graph with a fixed batch size of one row: TensorFlow refuses any other."""
 
-    def run(self, feeds, fetches, targets=(), graph_name="", pin=False):
+    def run(self, feeds, fetches, targets=(), graph_name="", pin=False, alone=True):
         if feeds["x"].shape[0] != 1:
             raise InvalidArgument(f"expected shape [1,3], got {list(feeds['x'].shape)}")
         return super().run(feeds, fetches)
@@ -45,7 +45,7 @@ class Slow(Doubler):
         self.lock = threading.Lock()
         self.now = self.most = 0
 
-    def run(self, feeds, fetches, targets=(), graph_name="", pin=False):
+    def run(self, feeds, fetches, targets=(), graph_name="", pin=False, alone=True):
         with self.lock:
             self.now += 1
             self.most = max(self.most, self.now)

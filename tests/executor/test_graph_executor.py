@@ -175,6 +175,24 @@ def test_loaded_client_graph_describes_itself(half):
     np.testing.assert_array_equal(y, [[4.0]])
 
 
+def test_only_runs_alone_try_or_take_the_inter_op_pool(half):
+    executor = GraphExecutor(half)  # ops on the run worker's thread (the default), the pool where it is faster
+    graph = executor.client_graph(["x:0"], ["y:0"])
+    for _ in range(3):  # under load (another run going, or requests queued): on the worker, and not a trial
+        np.testing.assert_array_equal(executor.run({"x:0": X}, ["y:0"], alone=False)[0], Y)
+    assert graph._chooser.pooled is None and graph._pooled is None
+    np.testing.assert_array_equal(executor.run({"x:0": X}, ["y:0"])[0], Y)
+    assert graph._chooser.pooled is False  # alone, and small: on its worker from its first run
+    # As where runs alone were found faster on the pool: its pooled callable, counted.
+    pooled, calls = graph._make_pooled(), []
+    graph._pooled = lambda *feeds: calls.append(1) or pooled(*feeds)
+    graph._chooser.pooled = True
+    np.testing.assert_array_equal(executor.run({"x:0": X}, ["y:0"], alone=False)[0], Y)
+    assert calls == []  # a run under load still went on its worker
+    np.testing.assert_array_equal(executor.run({"x:0": X}, ["y:0"])[0], Y)
+    assert calls == [1]
+
+
 # -- what the executor rejects ------------------------------------------------------------------------------
 
 

@@ -286,7 +286,7 @@ class Counting:
         self.executor = executor
         self.runs: list[int] = []
 
-    def run(self, feeds, fetches, targets=(), graph_name="", pin=False):
+    def run(self, feeds, fetches, targets=(), graph_name="", pin=False, alone=True):
         self.runs.append(next(iter(feeds.values())).shape[0])
         return self.executor.run(feeds, fetches, targets, graph_name, pin)
 

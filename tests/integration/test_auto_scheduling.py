@@ -73,7 +73,7 @@ def thread_cpu_times(pid: int) -> dict[int, int]:
 def busy_threads(daemon, stub, calls: int = 10) -> int:
     """How many of the daemon's threads did a real share of the CPU work of one request (the median over ``calls``
     requests, one at a time: successive requests may run on different run workers)."""
-    for i in range(2 * ThreadModeChooser.TRIALS + 2):  # built, restored, classified, its thread mode chosen
+    for i in range(ThreadModeChooser.RUNS + 2):  # built, restored, classified, its thread mode chosen
         stub.ModelInfer(request(i), timeout=60)
     counts = []
     for i in range(calls):
@@ -132,7 +132,7 @@ def test_runs_at_once_of_a_compute_bound_model_follow_the_flag(start_daemon, con
     daemon = start_daemon("--model_name=conv", f"--model_base_path={conv_model}", "--auto_compute_bound_runs=1",
                           "--num_run_workers=2")  # fmt: skip
     stub = service_pb2_grpc.GRPCInferenceServiceStub(daemon.channel)
-    for i in range(2 * ThreadModeChooser.TRIALS + 2):  # built, restored, classified, its thread mode chosen
+    for i in range(ThreadModeChooser.RUNS + 2):  # built, restored, classified, its thread mode chosen
         stub.ModelInfer(request(i), timeout=60)
     labels = {"model": "conv", "version": "1", "signature": "serving_default"}
     assert metric(daemon, "servex_scheduler_compute_bound", **labels) == 1
