@@ -16,11 +16,12 @@ and from their medians chooses:
   two, a trial while it is busy tells (runs_at_once.py). As many as there are run workers for a call-bound graph,
   whose runs barely use a core each;
 - **the largest batch**: the maximum for a call-bound graph; for a compute-bound one the knee of the measured
-  curve, the smallest batch size whose time per row is within ``KNEE_TOLERANCE`` of the best size seen. Larger
-  batches would hold more memory and make each caller wait longer for little more throughput. Until a bucket has
-  been seen, the configured maximum stands; once a knee is chosen, every ``EXPLORE_EVERY``-th batch may take the
-  next bucket up, so that a curve that changes (another input size, another load on the machine) is seen again.
-  A new limit is taken once ``CONFIRMATIONS`` decisions in a row proposed it.
+  curve, the smallest batch size whose time per row is within ``KNEE_TOLERANCE`` of the best size seen (its
+  bucket's largest size; the maximum where that is within a quarter of it). Larger batches would hold more memory
+  and make each caller wait longer for little more throughput. Until a bucket has been seen, the configured
+  maximum stands; once a knee is chosen, every ``EXPLORE_EVERY``-th batch may take the next bucket up, so that a
+  curve that changes (another input size, another load on the machine) is seen again. A new limit is taken once
+  ``CONFIRMATIONS`` decisions in a row proposed it.
 
 The first choice is made after ``MIN_SAMPLES`` runs, then every ``DECIDE_EVERY``; a change is logged and shown in
 ``servex_scheduler_*`` gauges.
@@ -214,7 +215,9 @@ class GraphCost:
         if knee == max(seen) and not self._covers_max(seen):
             limit = self.max_batch_size  # the best size is the largest seen: larger ones may be better still
         else:
-            limit = min(self.max_batch_size, max(1, (2 << knee) - 1))  # the knee bucket's largest size
+            limit = max(1, (2 << knee) - 1)  # the knee bucket's largest size; the maximum where that is within a
+            if 4 * limit >= 3 * self.max_batch_size:  # quarter of it (31 of 32 saves nothing: only log lines)
+                limit = self.max_batch_size
         current = bucket(self.choice.batch_limit)
         if limit > self.choice.batch_limit and current in seen and seen[current] <= best * (1 + KNEE_KEEP):
             limit = self.choice.batch_limit  # larger only where the current limit is clearly worse: not for noise
