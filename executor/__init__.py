@@ -1,6 +1,7 @@
 """executor: how a run happens.
 
-Owns the GraphExecutor (every run is a run of a LoadedClientGraph, cached by its sorted input/output/target names),
+Owns the GraphExecutor (every run is a run of a LoadedClientGraph, client_graph.py, cached by its sorted
+input/output/target names),
 the RunHandler (the worker threads that run TensorFlow off the event loop; answers.py carries their answers back to
 the event loop; batching.py makes a batch's requests one run's inputs; cost_model.py learns each graph's cost and
 chooses its batch limit and runs at once, runs_at_once.py by trial; pacing.py holds lower priorities back while a

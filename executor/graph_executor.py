@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -26,6 +26,7 @@ import tensorflow as tf
 from tensorflow.core.framework import types_pb2
 from tensorflow.core.protobuf import config_pb2
 
+from servex.executor.client_graph import FeedSpec, Key, LoadedClientGraph
 from servex.executor.cost_model import ThreadModeChooser
 from servex.executor.memory import BUILD_BYTES_PER_OP, MEMORY
 from servex.executor.metrics import CacheMetrics
@@ -42,9 +43,6 @@ VARIABLE_OPS = frozenset({"VariableV2", "Variable", "VarHandleOp"})
 _HANDLE_DTYPES = frozenset({tf.resource, tf.variant})
 # A memo from the caller's (unsorted) name tuples to the sorted key; bounded so odd callers cannot grow it.
 _MAX_PLANS = 4096
-
-
-Key = tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]
 
 
 def cache_key(feeds: Sequence[str], fetches: Sequence[str], targets: Sequence[str] = ()) -> Key:
@@ -69,66 +67,6 @@ def client_graph_key(feeds: Sequence[str], fetches: Sequence[str], targets: Sequ
 
 
 @dataclass(frozen=True)
-class FeedSpec:
-    name: str
-    dtype: np.dtype
-    shape: tuple[int | None, ...] | None  # None: unknown rank
-
-
-@dataclass
-class LoadedClientGraph:
-    """A built client graph: the session callable over the pruned graph and what it needs."""
-
-    key: str  # printed: in1-in2^out1-out2^t1-t2
-    names: Key  # sorted feeds, fetches, targets
-    feeds: tuple[FeedSpec, ...]  # sorted by name
-    fetch_names: tuple[str, ...]  # sorted, unique
-    target_names: tuple[str, ...]  # sorted, unique
-    variables: frozenset[str]  # variable ops the pruned graph reads
-    build_seconds: float
-    pinned: bool
-    _callable: object
-    variables_ready: bool = False  # every variable it reads is on the device
-    # With runs on the worker thread: makes the same graph's callable that hands its ops to TensorFlow's inter-op
-    # pool, and the chooser that learns which of the two runs it faster (ThreadModeChooser).
-    _make_pooled: Callable[[], object] | None = None
-    _chooser: ThreadModeChooser | None = None
-    _pooled: object = None
-
-    def run(self, sorted_feeds: Sequence[np.ndarray], alone: bool = True) -> list[np.ndarray]:
-        """Run with feed values in ``feeds`` order; returns fetches in ``fetch_names`` order, each an ndarray.
-        ``alone``: no other run of the graph goes and nothing of it waits; a run under load goes on its worker."""
-        chooser = self._chooser
-        if chooser is None or not alone:
-            return self._run(self._callable, sorted_feeds)
-        if chooser.pooled is not None:
-            return self._run(self._pooled if chooser.pooled else self._callable, sorted_feeds)
-        pooled = chooser.pick()
-        if pooled and self._pooled is None:
-            self._pooled = self._make_pooled()  # two first pooled runs at once may both make it: the same
-        started = time.perf_counter()
-        results = self._run(self._pooled if pooled else self._callable, sorted_feeds)
-        rows = sorted_feeds[0].shape[0] if sorted_feeds and sorted_feeds[0].ndim else 1
-        chooser.record(pooled, rows, time.perf_counter() - started)
-        return results
-
-    def _run(self, fn, sorted_feeds: Sequence[np.ndarray]) -> list[np.ndarray]:
-        try:
-            with tf.profiler.experimental.Trace(self.key):  # named in profiles (--enable_profiler); ~0.3 µs when off
-                results = fn(*sorted_feeds)
-        except UnicodeDecodeError as e:
-            # TensorFlow's error message quoted bytes that are not UTF-8 (ParseExample quoting a client's
-            # serialized example, RestoreV2 a file name), and turning it into a Python string failed before any
-            # OpError was raised: its status code is lost, but the message is the client's input's doing.
-            raise _undecodable_error(self.key, e) from e
-        for i, value in enumerate(results):
-            # The session answers a 0-d fetch as a scalar: bytes for DT_STRING, a NumPy scalar otherwise.
-            if not isinstance(value, np.ndarray):
-                results[i] = np.asarray(value, dtype=object if isinstance(value, bytes) else None)
-        return results
-
-
-@dataclass(frozen=True)
 class _Plan:
     """How one caller's name order maps onto a client graph's sorted order."""
 
@@ -136,18 +74,6 @@ class _Plan:
     key: Key
     feed_order: tuple[int, ...]  # caller's feed positions, in the graph's sorted feed order
     fetch_index: tuple[int, ...]  # for each caller fetch, its position in the graph's sorted fetches
-
-
-def _undecodable_error(key: str, error: UnicodeDecodeError) -> InvalidArgument:
-    """TensorFlow's error, as far as its message could be read: TensorFlow hands Python the message only up to
-    the first byte that is not UTF-8, and raises UnicodeDecodeError instead of the OpError."""
-    raw = bytes(error.object) if isinstance(error.object, bytes | bytearray) else b""
-    text = raw.decode("utf-8", errors="replace")
-    cut = error.end >= len(raw)
-    return InvalidArgument(
-        f"running {key!r} failed: TensorFlow's error, whose message holds bytes that are not UTF-8 (shown as "
-        f"U+FFFD{'; it is cut there, as TensorFlow hands it over' if cut else ''}): {text}{'...' if cut else ''}"
-    )
 
 
 def _check_feed(spec: FeedSpec, value: np.ndarray) -> None:

@@ -4,13 +4,14 @@ step and what the session answers (the cache under threads: test_client_graph_ca
 from __future__ import annotations
 
 import itertools
+import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from servex.executor import GraphExecutor, LoadedClientGraph, client_graph_key
+from servex.executor import GraphExecutor, LoadedClientGraph, client_graph_key, cost_model
 from servex.loader import InvalidArgument, ServingError, load_saved_model
 from servex.transfer import H2DTransferExecutor, H2DTransferExecutorFactory, TransferFuture
 from tests.conftest import COUNTER
@@ -191,6 +192,31 @@ def test_only_runs_alone_try_or_take_the_inter_op_pool(half):
     assert calls == []  # a run under load still went on its worker
     np.testing.assert_array_equal(executor.run({"x:0": X}, ["y:0"])[0], Y)
     assert calls == [1]
+
+
+def test_the_pooled_callable_is_made_off_the_requests_path(half, monkeypatch):
+    # As for a compute-bound graph (every run counts as one), whose pooled callable takes long to make: the runs
+    # that would try the pool go on the worker until it is made on the prepare pool, then the trial goes on.
+    monkeypatch.setattr(cost_model, "COMPUTE_BOUND_SECONDS", 0.0)
+    executor = GraphExecutor(half)
+    graph = executor.client_graph(["x:0"], ["y:0"])
+    make, release, calls = graph._make_pooled, threading.Event(), []
+
+    def slow_make():
+        release.wait(30)
+        pooled = make()
+        return lambda *feeds: calls.append(1) or pooled(*feeds)
+
+    graph._make_pooled = slow_make
+    for _ in range(4):  # worker, pool (being made: on the worker), worker, pool (still being made)
+        np.testing.assert_array_equal(executor.run({"x:0": X}, ["y:0"])[0], Y)
+    assert calls == [] and graph._pooled is None and not graph._making.done()
+    release.set()
+    graph._making.result(timeout=30)
+    for _ in range(4):
+        np.testing.assert_array_equal(executor.run({"x:0": X}, ["y:0"])[0], Y)
+    assert calls == [1, 1]  # every other run, on the pool now
+    assert graph._chooser.pooled is None  # still trying: the runs before it was made were on the worker
 
 
 # -- what the executor rejects ------------------------------------------------------------------------------
