@@ -44,12 +44,14 @@ def stub(served):
     wait_for(lambda: service._capture is None, what="the capture to end")  # the next test's starts on its own
 
 
-def _predicting(channel, until: Future) -> threading.Thread:
-    """A thread calling Predict until ``until`` is done."""
+def _predicting(channel, until: Future, answered: list | None = None) -> threading.Thread:
+    """A thread calling Predict until ``until`` is done (each answer appended to ``answered``)."""
 
     def loop():
         while not until.done():
             assert predict_y(channel, MODEL, [[1.0]]) == [2.5]
+            if answered is not None:
+                answered.append(1)
 
     thread = threading.Thread(target=loop, daemon=True)
     thread.start()
@@ -119,7 +121,9 @@ def test_one_capture_at_a_time_and_terminate_ends_it(served, stub, tmp_path):
     expect_error(grpc.StatusCode.UNAVAILABLE, words, stub.Profile, second, timeout=30)
     stub.Terminate(pb.TerminateRequest(session_id="other"), timeout=30)  # another session's: changes nothing
     assert not running.done()
-    _predicting(channel, running)
+    answered = []
+    _predicting(channel, running, answered)
+    wait_for(lambda: len(answered) >= 3, what="predictions during the capture")  # something to trace
     stub.Terminate(pb.TerminateRequest(session_id="first"), timeout=30)
     assert not running.result(timeout=60).empty_trace  # long before its 5 minutes
     assert (tmp_path / "first" / "h.xplane.pb").is_file()
