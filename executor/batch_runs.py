@@ -98,7 +98,7 @@ class BatchRuns:
                     parts.append(np.repeat(parts[-1][-1:], size - total, axis=0))
                 feeds[name] = parts[0] if len(parts) == 1 else np.concatenate(parts)
             before, waiting = (cost.running, cost.waiting) if cost is not None else (1, total)
-            outputs = executor.run(feeds, fetches, (), "", pin, alone=before <= 1 and waiting <= total)
+            outputs = executor.run(feeds, fetches, (), "", pin, alone=goes_alone(before, waiting, total))
             seconds = time.monotonic() - started
             if any(o.ndim == 0 or o.shape[0] != size for o in outputs):
                 self._unbatchable.add(first.batch_key)  # later requests of this graph run on their own
@@ -138,9 +138,9 @@ class BatchRuns:
         offset = 0
         for item in batch[:VERIFY_REQUESTS]:
             started, before = time.monotonic(), cost.running
-            alone = executor.run(item.feeds, fetches, (), "", pin, alone=False)
+            single = executor.run(item.feeds, fetches, (), "", pin, alone=False)
             cost.observe(item.rows, time.monotonic() - started, at_once(before, cost))
-            if not answers_agree([o[offset : offset + item.rows] for o in outputs], alone):
+            if not answers_agree([o[offset : offset + item.rows] for o in outputs], single):
                 log.warning(
                     "client graph %s runs unbatched: batched, its answers differ from the same requests run one by "
                     "one (its rows depend on each other, or it is not deterministic)", cost.name
@@ -153,7 +153,7 @@ class BatchRuns:
     def _run_alone(self, item: WorkItem, executor, fetches, pin, started: float, held: Held) -> bool:
         """Run ``item`` on its own and hand its answer back; whether it ran without an error."""
         before, waiting = (item.cost.running, item.cost.waiting) if item.cost is not None else (1, item.rows)
-        alone = before <= 1 and waiting <= item.rows  # no other run of the graph, none queued
+        alone = goes_alone(before, waiting, item.rows)
         try:
             result, ok = executor.run(item.feeds, fetches, (), "", pin, alone=alone), True
         except BaseException as e:
@@ -178,6 +178,13 @@ def at_once(before: int, cost) -> float:
     start and end (read without the lock: one int). Runs of a graph share the cores, so the cost model divides a
     run's time by it."""
     return (before + cost.running) / 2
+
+
+def goes_alone(before: int, waiting: int, rows: int) -> bool:
+    """Whether a run of ``rows`` rows goes alone: no other run of its graph going when it started (``before``, this
+    one included) and no rows of it left queued (``waiting``, its own included). Only such runs may go to
+    TensorFlow's inter-op pool (client_graph.py)."""
+    return before <= 1 and waiting <= rows
 
 
 class _NotBatchable(Exception):

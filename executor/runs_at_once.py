@@ -63,7 +63,6 @@ class RunsAtOnce:
         self._loads: deque[int] = deque(maxlen=RECENT)
         self._runs: deque[tuple[float, float, int]] = deque(maxlen=RECENT)  # started, ended, rows
         self._phases: list[_Phase] = []  # the trial's, while one goes
-        self._plan: list[int] = []  # the trial's counts, phase by phase
         self._pending = 0  # runs going when a phase to judge ended, not ended yet
         self._again = 0.0  # when a trial is made again in any case
         self._rate = 0.0  # rows a second that the chosen count served at the last trial
@@ -86,8 +85,6 @@ class RunsAtOnce:
         moved = self._rate > 0 and rate > self._rate * MOVE  # more load: batches grow, the best count may change
         if self._rate and not moved and ended < self._again:
             return None
-        other = 1 if self.chosen == self.most else self.most
-        self._plan = [self.chosen, other, self.chosen, other]
         self._start(ended)
         return None
 
@@ -103,7 +100,8 @@ class RunsAtOnce:
         return sum(rows for _, _, rows in self._runs) / max(last - first, 1e-9)
 
     def _start(self, at: float) -> None:
-        self.now = self._plan[len(self._phases)]
+        other = 1 if self.chosen == self.most else self.most
+        self.now = other if len(self._phases) % 2 else self.chosen  # B0, A1, B1, A2
         self._phases.append(_Phase(self.now, at))
 
     def _count(self, rows: int, started: float, ended: float, running: int, busy: bool) -> int | None:
