@@ -2,8 +2,9 @@
 
 With automatic batching (the default), every run of a batchable client graph reports its rows and seconds here
 (and the runs of it going at once, which share the cores: its time is divided by them). ``GraphCost`` keeps, per
-batch-size bucket (1, 2-3, 4-7, 8-15, ...), the time per row of the last ``WINDOW`` runs,
-and from their medians chooses:
+batch-size bucket (1, 2-3, 4-7, 8-15, ...), the time per row of the last ``WINDOW`` runs, apart for runs that went
+alone and runs that shared the cores with another run of it (two at once deliver more than one, so a shared run's
+time divided by two is less than the same run's alone), and from their medians chooses:
 
 - **the kind of graph** (from the fastest of the last one-row runs): *compute-bound* when one row's run takes at
   least ``COMPUTE_BOUND_SECONDS`` (the
@@ -17,11 +18,13 @@ and from their medians chooses:
   whose runs barely use a core each;
 - **the largest batch**: the maximum for a call-bound graph; for a compute-bound one the knee of the measured
   curve, the smallest batch size whose time per row is within ``KNEE_TOLERANCE`` of the best size seen (its
-  bucket's largest size; the maximum where that is within a quarter of it). Larger batches would hold more memory
-  and make each caller wait longer for little more throughput. Until a bucket has been seen, the configured
-  maximum stands; once a knee is chosen, every ``EXPLORE_EVERY``-th batch may take the next bucket up, so that a
-  curve that changes (another input size, another load on the machine) is seen again. A new limit is taken once
-  ``CONFIRMATIONS`` decisions in a row proposed it.
+  bucket's largest size; the maximum where that is within a quarter of it, or where the curve was not seen
+  ``KNEE_SPAN`` buckets beyond it), on the curve of the kind of runs (alone or shared) that most of the last
+  ``WINDOW`` were, from runs among the graph's last ``STALE_RUNS``. Larger batches would hold more memory and make
+  each caller wait longer for little more throughput. Until a bucket has been seen, the configured maximum stands;
+  once a knee is chosen, every ``EXPLORE_EVERY``-th batch may take the next bucket up (every other time the one
+  beyond), so that a curve that changes (another input size, another load on the machine) is seen again. A new
+  limit is taken once ``CONFIRMATIONS`` decisions in a row proposed it; none during a trial of runs at once.
 
 The first choice is made after ``MIN_SAMPLES`` runs, then every ``DECIDE_EVERY``; a change is logged and shown in
 ``servex_scheduler_*`` gauges.
@@ -47,12 +50,22 @@ log = logging.getLogger(__name__)
 # a small call's receiving, decoding and answering on one core of this project's machines (about 0.2 ms).
 COMPUTE_BOUND_SECONDS = 0.002
 KNEE_TOLERANCE = 0.02  # a batch size is at the knee when its time per row is within 2% of the best size's
+SHARED = 1.25  # a run that went with this many runs of its graph at once, on average, or more shared the cores
+# A knee below the maximum only where the curve was seen this many buckets beyond it (4 times its rows): at a load
+# that gives batches of 3-4 rows, 2-3 rows and 4-7 rows (4 rows, mostly) came out within 2% of each other, and the
+# limit fell to 3 rows just before the load rose (an encoder and MobileNetV2 from 8 to 32 callers).
+KNEE_SPAN = 2
 KNEE_KEEP = 0.05  # a limit grows only once its bucket's time per row is 5% off the best (noise is not news)
 CONFIRMATIONS = 3  # decisions in a row that must propose a new batch limit before it is taken
 WINDOW = 16  # runs of each bucket whose median counts (a median: one run slowed by another thread is not news)
 MIN_SAMPLES = 3  # runs a bucket needs before it counts
 DECIDE_EVERY = 8  # runs between two decisions
-EXPLORE_EVERY = 16  # with a knee below the maximum, every 16th batch may take the next bucket up
+EXPLORE_EVERY = 16  # with a knee below the maximum, every 16th batch may take the next bucket up (every other
+# time two buckets up: the span beyond the knee stays seen)
+# A bucket's runs count only while they are among the graph's last STALE_RUNS: runs measured under another load
+# (fewer callers, fewer rows) are not compared with today's. MobileNetV2's 4-7-row runs from 8 callers came within
+# 2% of its 16-31-row runs at 32, where the client takes more of the cores, and the limit fell to 7 rows.
+STALE_RUNS = 8 * WINDOW
 VERIFY_REQUESTS = 4  # requests of the first batch that are also run one by one to check batching's answers
 # Runs of a compute-bound graph at once. Measured on 2 cores at 32 callers (batches up to 32, alternating servers):
 # two runs at once served MobileNetV2 95-122 images/s against 83-100 for one, ResNet-50 22.4 against 19.4, the
@@ -127,7 +140,9 @@ class GraphCost:
         self.name = name  # for the log line
         self.on_change = on_change
         self._lock = threading.Lock()
-        self._per_row: dict[int, deque[float]] = {}  # bucket -> the last WINDOW runs' seconds per row
+        # (shared, bucket) -> the last WINDOW runs' seconds per row, runs alone and runs that shared apart
+        self._per_row: dict[tuple[bool, int], deque[tuple[int, float]]] = {}  # (run's number, seconds a row)
+        self._shared = deque(maxlen=WINDOW)  # whether each of the last runs shared the cores
         self._runs = 0
         self._batches = 0
         self._proposed, self._streak = 0, 0  # a new batch limit proposed, and how many decisions in a row did
@@ -155,12 +170,14 @@ class GraphCost:
             return None
         ended = time.monotonic() if ended is None else ended
         with self._lock:
-            b = bucket(rows)
-            window = self._per_row.get(b)
+            key = (at_once >= SHARED, bucket(rows))
+            if not (self.choice.compute_bound and self.runs.trying):  # a trial's runs say nothing of the kind
+                self._shared.append(key[0])
+            window = self._per_row.get(key)
             if window is None:
-                window = self._per_row[b] = deque(maxlen=WINDOW)
-            window.append(seconds / max(at_once, 1.0) / rows)
+                window = self._per_row[key] = deque(maxlen=WINDOW)
             self._runs += 1
+            window.append((self._runs, seconds / max(at_once, 1.0) / rows))
             tried = None
             if self.choice.compute_bound:  # how many of its runs go at once: learned by trial (runs_at_once.py)
                 tried = self.runs.observe(rows, max(waiting, rows), ended - seconds, ended, self.running)
@@ -176,31 +193,50 @@ class GraphCost:
             log.info("client graph %s: %s", self.name, ", ".join(
                 f"{runs} at once served {rows_s:,.1f} rows/s" for runs, rows_s in sorted(self.runs.served.items())
             ))  # fmt: skip
-        log.info("client graph %s: %s", self.name, choice.describe(self.threads))
+        log.info("client graph %s: %s (%s)", self.name, choice.describe(self.threads), self._curve())
         if self.on_change is not None:
             self.on_change(choice)
         return choice
 
-    def per_row_seconds(self) -> dict[int, float]:
-        """The median time per row of the last runs, by bucket (of buckets seen at least ``MIN_SAMPLES`` times)."""
+    def per_row_seconds(self, shared: bool | None = None) -> dict[int, float]:
+        """The median time per row of the last runs alone (``shared`` False) or that shared the cores (True; None:
+        the kind most of the last runs were), by bucket (of buckets seen at least ``MIN_SAMPLES`` times)."""
         with self._lock:
-            return self._seen(MIN_SAMPLES)
+            return self._seen(self._sharing() if shared is None else shared)
 
-    def _seen(self, least: int) -> dict[int, float]:
-        return {b: statistics.median(w) for b, w in self._per_row.items() if len(w) >= least}
+    def _curve(self) -> str:
+        """The curve the choice is made on, for the log line: a row's time by batch-size bucket."""
+        with self._lock:
+            shared = self._sharing()
+            seen = self._seen(shared)
+        sizes = {b: "1" if b == 0 else f"{1 << b}-{(2 << b) - 1}" for b in seen}
+        shown = ", ".join(f"{sizes[b]} rows {seen[b] * 1000:.2f} ms" for b in sorted(seen)) or "none yet"
+        return f"a row's time, runs {'shared' if shared else 'alone'}: {shown}"
+
+    def _sharing(self) -> bool:
+        return 2 * sum(self._shared) > len(self._shared)
+
+    def _seen(self, shared: bool) -> dict[int, float]:
+        seen = {}
+        for (kind, b), window in self._per_row.items():
+            fresh = [t for n, t in window if n > self._runs - STALE_RUNS]
+            if kind == shared and len(fresh) >= MIN_SAMPLES:
+                seen[b] = statistics.median(fresh)
+        return seen
 
     # -- what is chosen ------------------------------------------------------------------------------------------
 
     def _decide(self) -> Choice:
-        seen = self._seen(MIN_SAMPLES)
-        if not seen:
+        seen = self._seen(self._sharing())  # the curve of the kind of runs the graph runs now
+        one_rows = [t for (_, b), w in self._per_row.items() if b == 0 and len(w) >= MIN_SAMPLES for _, t in w]
+        if not seen and not one_rows:
             return self.choice
         # From one-row runs only (a larger batch's time says little of one row's where the call is the cost), and
         # from the fastest of the last ones: under load a run's wall time grows while the event loop or another run
         # takes the core, and contention only ever adds time, so the fastest run is the graph's own cost (a median
         # of a call-bound graph's one-row runs under 32 callers crossed the threshold now and then and flipped the
         # choice). A band between the two thresholds keeps a graph near them from flipping back and forth.
-        one_row = min(self._per_row[0]) if 0 in seen else None
+        one_row = min(one_rows) if one_rows else None
         if one_row is None:
             compute_bound = self.choice.compute_bound
         elif self.choice.compute_bound:
@@ -210,10 +246,12 @@ class GraphCost:
         concurrency = self.runs.chosen if compute_bound else self.workers
         if not compute_bound:  # the call is the cost: a larger batch only saves hand-offs
             return Choice(False, concurrency, self.max_batch_size)
+        if not seen or self.runs.trying:  # during a trial of runs at once, its runs are of either kind
+            return Choice(True, concurrency, self.choice.batch_limit)
         best = min(seen.values())
         knee = min(b for b, s in seen.items() if s <= best * (1 + KNEE_TOLERANCE))
-        if knee == max(seen) and not self._covers_max(seen):
-            limit = self.max_batch_size  # the best size is the largest seen: larger ones may be better still
+        if max(seen) < knee + KNEE_SPAN and not self._covers_max(seen):
+            limit = self.max_batch_size  # the curve was not seen flat beyond the knee: larger may be better still
         else:
             limit = max(1, (2 << knee) - 1)  # the knee bucket's largest size; the maximum where that is within a
             if 4 * limit >= 3 * self.max_batch_size:  # quarter of it (31 of 32 saves nothing: only log lines)
@@ -240,8 +278,9 @@ class GraphCost:
         if limit >= self.max_batch_size:
             return limit
         self._batches += 1
-        if self._batches % EXPLORE_EVERY == 0:  # the next bucket up, whole
-            return min(self.max_batch_size, (4 << bucket(limit)) - 1)
+        if self._batches % EXPLORE_EVERY == 0:  # the next bucket up, whole; every other time the one beyond
+            up = 2 if self._batches % (2 * EXPLORE_EVERY) == 0 else 1
+            return min(self.max_batch_size, (2 << (bucket(limit) + up)) - 1)
         return limit
 
 

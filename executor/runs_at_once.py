@@ -68,6 +68,11 @@ class RunsAtOnce:
         self._rate = 0.0  # rows a second that the chosen count served at the last trial
         self.trials = 0  # trials made
 
+    @property
+    def trying(self) -> bool:
+        """Whether a trial goes (its phases set ``now``, not ``chosen``)."""
+        return bool(self._phases)
+
     def observe(self, rows: int, waiting: int, started: float, ended: float, running: int) -> int | None:
         """A run of ``rows`` rows went from ``started`` to ``ended`` (``waiting``: its rows and the rows of the graph
         left queued when it took them), while ``running`` runs of the graph went (this one included); returns the

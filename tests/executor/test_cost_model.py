@@ -10,6 +10,7 @@ from servex.executor.cost_model import (
     COMPUTE_BOUND_SECONDS,
     DECIDE_EVERY,
     EXPLORE_EVERY,
+    STALE_RUNS,
     Choice,
     GraphCost,
     ThreadModeChooser,
@@ -104,22 +105,44 @@ def test_the_choice_follows_a_curve_that_changes_over_time():
     assert not cost.choice.compute_bound and cost.choice.concurrency == 2
 
 
-def test_with_a_knee_below_the_maximum_every_sixteenth_batch_explores_twice_as_large():
+def test_with_a_knee_below_the_maximum_every_sixteenth_batch_explores_one_or_two_buckets_up():
     cost = GraphCost(max_batch_size=32, workers=1)
     feed(cost, lambda rows: 0.010 * rows, SIZES, rounds=6)
     assert cost.choice.batch_limit == 1
-    limits = [cost.batch_limit() for _ in range(2 * EXPLORE_EVERY)]
-    assert limits.count(3) == 2 and set(limits) == {1, 3}
+    limits = [cost.batch_limit() for _ in range(4 * EXPLORE_EVERY)]
+    assert limits.count(3) == 2 and limits.count(7) == 2 and set(limits) == {1, 3, 7}
+    assert limits[EXPLORE_EVERY - 1] == 3 and limits[2 * EXPLORE_EVERY - 1] == 7
+
+
+def test_runs_of_another_load_stop_counting():
+    # MobileNetV2, two runs at once: at 8 callers batches of 4-7 rows, 8.2 ms a row; then at 32 callers batches of 8
+    # and 16 rows, 9.5 and 8.6 ms a row, the client taking more of the cores. Compared with 8 callers' runs, 4-7
+    # rows look best, and the limit falls to 7 rows.
+    cost = GraphCost(max_batch_size=32, workers=1)
+    for _ in range(4):
+        cost.observe(1, 0.012)  # one caller
+    for _ in range(16):
+        cost.observe(4, 2 * 4 * 0.0082, at_once=2)
+    for _ in range(16):
+        cost.observe(16, 2 * 16 * 0.0086, at_once=2)
+        cost.observe(8, 2 * 8 * 0.0095, at_once=2)
+    assert cost.choice.batch_limit == 7
+    # Once 8 callers' runs are older than the graph's last STALE_RUNS, today's curve decides: the maximum.
+    for _ in range(STALE_RUNS // 2):
+        cost.observe(16, 2 * 16 * 0.0086, at_once=2)
+        cost.observe(8, 2 * 8 * 0.0095, at_once=2)
+    assert cost.per_row_seconds() == pytest.approx({3: 0.0095, 4: 0.0086})
+    assert cost.choice.batch_limit == 32
 
 
 def test_runs_that_share_the_cores_are_compared_by_the_time_the_cores_gave_them():
     # One caller: one-row runs alone on every core, 10 ms each. Then more callers: two runs at once, each of 4
     # rows taking 64 ms where alone it would take 32 (8 ms a row): 16 ms a row of wall time.
-    cost = GraphCost(max_batch_size=32, workers=1, compute_runs=2)
+    cost = GraphCost(max_batch_size=32, workers=1)
     for _ in range(16):
         cost.observe(1, 0.010)
-    assert cost.choice == Choice(True, 2, 32)
-    shared = GraphCost(max_batch_size=32, workers=1, compute_runs=2)
+    assert cost.choice == Choice(True, 1, 32)
+    shared = GraphCost(max_batch_size=32, workers=1)
     for _ in range(16):
         shared.observe(1, 0.010)
     for _ in range(4 * DECIDE_EVERY):
@@ -129,8 +152,67 @@ def test_runs_that_share_the_cores_are_compared_by_the_time_the_cores_gave_them(
     assert cost.choice.batch_limit == 1
     # Divided by the runs at once, it is 8 ms a row against 10: batches stay (up to the maximum: larger ones were
     # not seen yet, and may be cheaper still).
-    assert shared.per_row_seconds() == {0: 0.010, 2: 0.008}
-    assert shared.choice == Choice(True, 2, 32)
+    assert shared.per_row_seconds(shared=False) == {0: 0.010}
+    assert shared.per_row_seconds() == shared.per_row_seconds(shared=True) == {2: 0.008}
+    assert shared.choice == Choice(True, 1, 32)
+
+
+def test_the_knee_is_chosen_on_runs_of_the_kind_the_graph_runs_now():
+    # As measured on MobileNetV2 going from 1 caller to 8 on 2 cores: one row alone 27.6 ms; two runs at once give
+    # 21.6 ms a row at 1 row, 17.0 at 3, 15.6 at 4 (each divided by the two); and runs alone (a trial's) take
+    # 18.1 ms a row at 4 rows. In one window, 4 rows' median (half alone, half shared) came within 2% of 3 rows'
+    # and the limit fell to 3 rows, the wrong way for the load that came.
+    cost = GraphCost(max_batch_size=32, workers=1)
+    for _ in range(16):
+        cost.observe(1, 0.0276)
+    for _ in range(2 * DECIDE_EVERY):
+        cost.observe(1, 2 * 0.0216, at_once=2)
+        cost.observe(3, 2 * 3 * 0.0170, at_once=2)
+        cost.observe(4, 2 * 4 * 0.0156, at_once=2)
+        cost.observe(4, 4 * 0.0181)  # alone
+    assert cost.per_row_seconds() == pytest.approx({0: 0.0216, 1: 0.0170, 2: 0.0156})
+    assert cost.per_row_seconds(shared=False) == pytest.approx({0: 0.0276, 2: 0.0181})
+    assert cost.choice.compute_bound and cost.choice.batch_limit == 32
+    # Then the runs go alone (a trial's long phase): their own curve decides, and it is flat from 4 rows on.
+    for _ in range(2 * DECIDE_EVERY):
+        cost.observe(8, 8 * 0.0181)
+        cost.observe(16, 16 * 0.0181)
+    assert cost.per_row_seconds() == pytest.approx({0: 0.0276, 2: 0.0181, 3: 0.0181, 4: 0.0181})
+    assert cost.choice.batch_limit == 7
+
+
+def test_a_knee_is_taken_only_where_the_curve_was_seen_four_times_its_rows_beyond_it():
+    # An encoder at 8 callers, two runs at once: batches of 3-4 rows, and 2-3 rows within 2% of 4-7 (mostly 4). The
+    # curve beyond is unknown: the maximum stands (the limit fell to 3 rows there, then the load rose).
+    cost = GraphCost(max_batch_size=32, workers=1)
+    for _ in range(4 * DECIDE_EVERY):
+        cost.observe(1, 2 * 0.00856, at_once=2)
+        cost.observe(3, 2 * 3 * 0.00543, at_once=2)
+        cost.observe(4, 2 * 4 * 0.00535, at_once=2)
+    assert cost.choice == Choice(True, 1, 32)
+    # Seen flat up to 8-15 rows too, 3 rows is the knee.
+    for _ in range(4 * DECIDE_EVERY):
+        cost.observe(8, 2 * 8 * 0.00535, at_once=2)
+    assert cost.choice == Choice(True, 1, 3)
+
+
+def test_a_trial_of_runs_at_once_neither_moves_the_limit_nor_tells_the_kind():
+    # Two runs at once by default; under load a trial runs phases of one run at a time, whose runs go alone: they
+    # count in the alone curve, but the graph's kind and its limit wait for the trial's end.
+    cost = GraphCost(max_batch_size=32, workers=1, compute_runs=2)
+    now = 0.0
+    for _ in range(4):
+        cost.observe(1, 0.010, ended=(now := now + 0.010))
+    while not cost.runs.trying:  # the load rises: batches of 4 rows, two at once
+        cost.observe(4, 2 * 4 * 0.008, at_once=2, waiting=8, ended=(now := now + 0.032))
+        assert now < 1
+    assert cost.choice == Choice(True, 2, 32)
+    for _ in range(5 * DECIDE_EVERY):  # a flat curve alone, which would take the limit to 1 row
+        cost.observe(4, 4 * 0.010, waiting=8, ended=(now := now + 0.010))
+    assert cost.runs.trying
+    assert cost.per_row_seconds(shared=False) == {0: 0.010, 2: 0.010}
+    assert cost.per_row_seconds() == {2: 0.008}  # the kind told before the trial
+    assert cost.choice == Choice(True, 2, 32)
 
 
 def test_choices_are_made_every_few_runs_and_reported_once_each():
