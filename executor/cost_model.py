@@ -170,12 +170,12 @@ class GraphCost:
             return None
         ended = time.monotonic() if ended is None else ended
         with self._lock:
-            key = (at_once >= SHARED, bucket(rows))
+            shared = at_once >= SHARED
             if not (self.choice.compute_bound and self.runs.trying):  # a trial's runs say nothing of the kind
-                self._shared.append(key[0])
-            window = self._per_row.get(key)
+                self._shared.append(shared)
+            window = self._per_row.get((shared, bucket(rows)))
             if window is None:
-                window = self._per_row[key] = deque(maxlen=WINDOW)
+                window = self._per_row[(shared, bucket(rows))] = deque(maxlen=WINDOW)
             self._runs += 1
             window.append((self._runs, seconds / max(at_once, 1.0) / rows))
             tried = None

@@ -173,7 +173,7 @@ def test_the_knee_is_chosen_on_runs_of_the_kind_the_graph_runs_now():
     assert cost.per_row_seconds() == pytest.approx({0: 0.0216, 1: 0.0170, 2: 0.0156})
     assert cost.per_row_seconds(shared=False) == pytest.approx({0: 0.0276, 2: 0.0181})
     assert cost.choice.compute_bound and cost.choice.batch_limit == 32
-    # Then the runs go alone (a trial's long phase): their own curve decides, and it is flat from 4 rows on.
+    # Then the runs go alone (one at a time, as a trial may choose): their own curve decides, flat from 4 rows on.
     for _ in range(2 * DECIDE_EVERY):
         cost.observe(8, 8 * 0.0181)
         cost.observe(16, 16 * 0.0181)
