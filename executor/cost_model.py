@@ -290,8 +290,11 @@ class ThreadModeChooser:
     TensorFlow's inter-op pool (independent ops at once: a network's parallel branches). A small graph always runs
     on its worker: handing its ops over costs more than they take. A compute-bound one tries both, alternating,
     until ``TRIALS`` runs of each at one batch-size bucket were seen (after ``WARM``), then keeps the faster (the
-    pool only where it saves ``POOL_GAIN`` of the time): measured on 2 cores, MobileNetV2 takes 15 ms a image handed
-    to the pool against 18 ms on its worker, ResNet-50 58 ms against 50, a GRU 2.5 ms against 2.9.
+    pool only where it saves ``POOL_GAIN`` of the time). On 2 cores the modes came within 4% of each other on every
+    model measured (one process, both callables warm, run in turns, medians): DenseNet-121 51.6 ms an image on the
+    pool against 53.5 on its worker, ResNet-50 53.0 and 54.0, EfficientNetB0 24.5 and 25.0, MobileNetV2 16.7 and 16.6,
+    the encoder 10.8 and 10.4, a GRU 3.1 and 3.1. What the pool is for: graphs with independent branches, on more
+    cores than one op's shards keep busy; the trial keeps it only where it was measured faster.
 
     Runs under load always go on their worker (``LoadedClientGraph.run``): the pool's parallel ops fill cores that a
     run alone leaves idle, but under load other runs and the calls fill them. At 32 callers on 2 cores the pool
@@ -300,8 +303,7 @@ class ThreadModeChooser:
     # Trials happen while serving, so they are few: 18 runs of each in turns, the first 10 left out, chose the same
     # modes for the suite's models and a GRU, and raised ResNet-50's mean latency at 1 caller over the first seconds
     # from 52 ms to 60. Each mode's first ``WARM`` runs are left out: TensorFlow's executor learns over its first
-    # runs which kernels to run inline, and a callable's first runs are slower by more than the modes differ (counted,
-    # they kept an encoder on its worker at 12.3 ms a run against 10.0 on the pool, MobileNetV2 at 17 ms against 15).
+    # runs which kernels to run inline, and a callable's first runs are slower by more than the modes differ.
     WARM = 5
     TRIALS = 5
     RUNS = 2 * (WARM + TRIALS)  # runs alone before the choice, at most (of a graph whose runs are all of one bucket)
