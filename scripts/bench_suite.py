@@ -436,8 +436,11 @@ def wait_quiet(emit, limit: int = 900) -> None:
 
 
 def measure_round(n: int, a, bases: dict[str, Path], levels: list[int], work: Path, emit) -> dict:
-    """One round: every model, every server, one after another. {model: {server: result}}."""
+    """One round: every model, every server, one after another. {model: {server: result}}. Each server's log is kept
+    in the round's own folder under ``work`` (round-N/SERVER-MODEL.log)."""
     out: dict[str, dict] = {}
+    work = work / f"round-{n}"
+    work.mkdir(exist_ok=True)
     for model in a.model_list:
         if "inprocess" in a.server_list:
             signatures = {model: "serving_default", **({CLASSIFY: "classify"} if model == "wide_deep" else {})}
@@ -474,6 +477,7 @@ def main() -> None:
     levels = sorted(int(c) for c in a.concurrency.split(","))
     bases = export(Path(a.models_dir), a.model_list)
     work = Path(tempfile.mkdtemp(prefix="bench-suite-"))
+    print(f"servers' logs: {work}/round-N/SERVER-MODEL.log", flush=True)
 
     def emit(result: dict, **labels) -> dict:
         print(json.dumps({**labels, **result}), flush=True)
