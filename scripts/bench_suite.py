@@ -436,10 +436,8 @@ def wait_quiet(emit, limit: int = 900) -> None:
 
 
 def measure_round(n: int, a, bases: dict[str, Path], levels: list[int], work: Path, emit) -> dict:
-    """One round: every model, every server, one after another. {model: {server: result}}. Each server's log is kept
-    in the round's own folder under ``work`` (round-N/SERVER-MODEL.log)."""
-    out: dict[str, dict] = {}
-    work = work / f"round-{n}"
+    """One round: every model, every server, one after another (logs in work/round-N). {model: {server: result}}."""
+    out, work = {}, work / f"round-{n}"
     work.mkdir(exist_ok=True)
     for model in a.model_list:
         if "inprocess" in a.server_list:
