@@ -328,7 +328,8 @@ class ServerSettings:
         0,
         TENSORFLOW,
         "TensorFlow intra-op threads, one pool for the process (default 0: one per core servex may use, by "
-        "its CPU affinity and cgroup quota); 1 runs each op on the run worker alone",
+        "its CPU affinity and cgroup quota); 1 runs each op on the run worker alone, which serves models of many "
+        "small ops faster (docs/scheduling.md, Cores)",
         flag_default=None,
         doc_default="0 (the cores)",
         tfserving=True,
