@@ -1,12 +1,14 @@
 """Which intra-op thread count suits a model: TensorFlow in process, one fresh process per model and thread count.
 
-Each child loads the model's SavedModel (exported by scripts/suite_models.py) with ``N`` intra-op threads (TensorFlow's
-pool, one per process: servex's ``--tensorflow_intra_op_parallelism``) and times its ``serving_default`` signature:
-the mean and median latency of batch-1 calls back to back, then the rows a second that one caller, and two callers at
-once, get from batches of ``--batch`` rows. Thread counts alternate within each round; figures are medians over
-rounds.
+Each child loads the model's SavedModel (one of scripts/suite_models.py's, exported if missing, or any SavedModel
+version directory given as a path: its inputs are then random numbers of its signature's shapes) with ``N`` intra-op
+threads (TensorFlow's pool, one per process: servex's ``--tensorflow_intra_op_parallelism``) and times its
+``serving_default`` signature: the mean and median latency of batch-1 calls back to back, then the rows a second that
+one caller, and two callers at once, get from batches of ``--batch`` rows. Thread counts alternate within each round;
+figures are medians over rounds.
 
     python scripts/bench_threads.py --models transformer,mobilenet_v2,resnet50 --threads 1,2 --rounds 2
+    python scripts/bench_threads.py --models /models/mine/1 --int_high 30000
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ def child(spec: dict) -> None:
     tf.config.threading.set_intra_op_parallelism_threads(spec["threads"])
     fn = tf.saved_model.load(spec["path"]).signatures["serving_default"]
     rng, seconds, batch = np.random.default_rng(0), spec["seconds"], spec["batch"]
-    one, many = ({i.name: tf.constant(rows(i, b, rng)) for i in MODELS[spec["model"]].inputs} for b in (1, batch))
+    one, many = (_feeds(fn, spec, b, rng) for b in (1, batch))
     for _ in range(5):  # the first calls at a shape build its kernels
         fn(**one)
     fn(**many)
@@ -63,6 +65,27 @@ def child(spec: dict) -> None:
                       "rows_s_1": served[1], "rows_s_2": served[2]}))  # fmt: skip
 
 
+def _feeds(fn, spec: dict, batch: int, rng) -> dict:
+    """``batch`` rows of every input: the suite's own for its models, else random numbers of the signature's shapes."""
+    import tensorflow as tf
+
+    if spec["model"] in MODELS:
+        return {i.name: tf.constant(rows(i, batch, rng)) for i in MODELS[spec["model"]].inputs}
+    feeds = {}
+    for name, tensor in fn.structured_input_signature[1].items():
+        dims = tensor.shape.as_list()[1:] if tensor.shape.rank else None
+        if dims is None or None in dims:
+            raise SystemExit(f"input {name!r} has shape {tensor.shape}: give a model whose inputs have fixed sizes")
+        dtype = tensor.dtype.as_numpy_dtype
+        if tensor.dtype.is_floating:
+            feeds[name] = tf.constant(rng.random((batch, *dims)).astype(dtype))
+        elif tensor.dtype.is_integer:
+            feeds[name] = tf.constant(rng.integers(0, spec["int_high"], (batch, *dims)).astype(dtype))
+        else:
+            raise SystemExit(f"input {name!r} is {tensor.dtype.name}: only numeric inputs are generated")
+    return feeds
+
+
 def _call(fn, feeds: dict, stop: float, done: list[int], k: int) -> None:
     """One caller: ``fn(**feeds)`` until ``stop``, counted in ``done[k]``."""
     while time.perf_counter() < stop:
@@ -71,7 +94,8 @@ def _call(fn, feeds: dict, stop: float, done: list[int], k: int) -> None:
 
 
 def measure(model: str, path: Path, threads: int, a) -> dict:
-    spec = {"model": model, "path": str(path / "1"), "threads": threads, "seconds": a.seconds, "batch": a.batch}
+    spec = {"model": model, "path": str(path), "threads": threads, "seconds": a.seconds, "batch": a.batch,
+            "int_high": a.int_high}  # fmt: skip
     out = subprocess.run([str(PY), __file__, "--child", json.dumps(spec)], capture_output=True, text=True)
     if out.returncode:
         raise RuntimeError(f"{model} at {threads} threads: {out.stderr.strip()[-500:]}")
@@ -80,7 +104,11 @@ def measure(model: str, path: Path, threads: int, a) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", default="transformer,mobilenet_v2,resnet50")
+    ap.add_argument(
+        "--models",
+        default="transformer,mobilenet_v2,resnet50",
+        help="the suite's model names, or SavedModel version directories",
+    )
     ap.add_argument("--threads", default="1,2", help="intra-op thread counts, comma-separated")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--seconds", type=float, default=4.0, help="per measurement")
@@ -90,12 +118,15 @@ def main() -> None:
         default=os.path.join(tempfile.gettempdir(), "suite"),
         help="where the models are (exported there if missing; bench_suite.py's default)",
     )
+    ap.add_argument("--int_high", type=int, default=100, help="integer inputs of a given SavedModel: [0, this)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
         return child(json.loads(a.child))
     models, counts = a.models.split(","), [int(n) for n in a.threads.split(",")]
-    paths = export(Path(a.models_dir), tuple(models))
+    suite = tuple(m for m in models if m in MODELS)
+    paths = {m: base / "1" for m, base in export(Path(a.models_dir), suite).items()}
+    paths.update({m: Path(m) for m in models if m not in MODELS})
     results: dict[tuple[str, int], list[dict]] = {}
     for n in range(a.rounds):
         for model in models:
