@@ -173,9 +173,10 @@ class GraphCost:
             shared = at_once >= SHARED
             if not (self.choice.compute_bound and self.runs.trying):  # a trial's runs say nothing of the kind
                 self._shared.append(shared)
-            window = self._per_row.get((shared, bucket(rows)))
+            key = (shared, bucket(rows))
+            window = self._per_row.get(key)
             if window is None:
-                window = self._per_row[(shared, bucket(rows))] = deque(maxlen=WINDOW)
+                window = self._per_row[key] = deque(maxlen=WINDOW)
             self._runs += 1
             window.append((self._runs, seconds / max(at_once, 1.0) / rows))
             tried = None
