@@ -1,26 +1,35 @@
 """LoadedClientGraph: a built client graph (the model's graph pruned to one set of feeds, fetches and targets, as a
-session callable), and how a run of it goes: on its run worker's thread, or, for a compute-bound graph's runs that go
-alone where that is faster, handed to TensorFlow's inter-op pool (cost_model.py's ThreadModeChooser). The
-GraphExecutor (graph_executor.py) builds and caches them.
+session callable), and how a run of it goes: on its run worker's thread; or, for a compute-bound graph where its lone
+runs were found faster so (thread_modes.py), handed to TensorFlow's inter-op pool, or in the version's second session,
+whose intra-op pool has one thread (loader/one_thread.py). The GraphExecutor (graph_executor.py) builds and caches
+them.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 import numpy as np
 import tensorflow as tf
 
-from servex.executor.cost_model import ThreadModeChooser
+from servex.executor.thread_modes import ONE_THREAD, POOL, WORKER, ThreadModeChooser
 from servex.loader.errors import InvalidArgument
-from servex.loader.variables import PREPARE_POOL
+from servex.loader.variables import PREPARE_POOL, RunGate
 
 log = logging.getLogger(__name__)
 
 Key = tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]
+
+# The threads that run one-thread sessions' runs, and nothing else. TensorFlow keeps its oneDNN kernels (a
+# convolution's, a matrix product's) in a cache per thread, keyed by the op's shapes and not by the threads they were
+# planned for: a thread that ran a graph on two threads then ran MobileNetV2's one-thread session in 20.6 ms a
+# request, a fresh thread in 12.5 (the two-thread session: 16.0-17.5).
+ONE_THREAD_RUNS = ThreadPoolExecutor(max_workers=max(2, len(os.sched_getaffinity(0))), thread_name_prefix="servex-one")
 
 
 @dataclass(frozen=True)
@@ -44,43 +53,101 @@ class LoadedClientGraph:
     pinned: bool
     _callable: object
     variables_ready: bool = False  # every variable it reads is on the device
-    # With runs on the worker thread: makes the same graph's callable that hands its ops to TensorFlow's inter-op
-    # pool, and the chooser that learns which of the two runs it faster (ThreadModeChooser).
-    _make_pooled: Callable[[], object] | None = None
+    # With runs on the worker thread: the chooser that learns which mode its lone runs go fastest in
+    # (thread_modes.py), and for each other mode what makes its callable (on the prepare pool, once asked for).
     _chooser: ThreadModeChooser | None = None
-    _pooled: object = None
-    _making: object = None  # the Future making _pooled on the prepare pool, once asked for
+    _makers: dict[str, Callable[[], object]] = field(default_factory=dict)
+    _made: dict[str, object] = field(default_factory=dict)
+    _making: dict[str, object] = field(default_factory=dict)
+    # Gives the one-thread session back (called once, when another mode was chosen); runs in it go through the gate.
+    _release: Callable[[], None] | None = None
+    _gate: RunGate = field(default_factory=RunGate)
 
     def run(self, sorted_feeds: Sequence[np.ndarray], alone: bool = True) -> list[np.ndarray]:
         """Run with feed values in ``feeds`` order; returns fetches in ``fetch_names`` order, each an ndarray.
-        ``alone``: no other run of the graph goes and nothing of it waits; a run under load goes on its worker."""
+        ``alone``: no other run of the graph goes and nothing of it waits; a run under load goes on its worker (in
+        the one-thread session, where its lone runs were found faster there)."""
         chooser = self._chooser
-        if chooser is None or not alone:
+        if chooser is None:
             return self._run(self._callable, sorted_feeds)
-        if chooser.pooled is not None:
-            return self._run(self._pooled if chooser.pooled else self._callable, sorted_feeds)
-        pooled = chooser.pick() and self._pooled_callable() is not None  # until it is made: on the worker
+        mode = chooser.mode
+        if mode is None and alone:
+            return self._trial(chooser, sorted_feeds)
+        if mode == ONE_THREAD:
+            return self._run_one_thread(sorted_feeds)[0]
+        if mode == POOL and alone:
+            return self._run(self._made[POOL], sorted_feeds)
+        return self._run(self._callable, sorted_feeds)
+
+    def _trial(self, chooser: ThreadModeChooser, sorted_feeds: Sequence[np.ndarray]) -> list[np.ndarray]:
+        mode = chooser.pick()
         started = time.perf_counter()
-        results = self._run(self._pooled if pooled else self._callable, sorted_feeds)
+        if mode == ONE_THREAD and self._mode_callable(mode) is not None:
+            results, in_it = self._run_one_thread(sorted_feeds)
+            ran = time.perf_counter() - started if in_it else None
+        else:
+            if mode == POOL and self._mode_callable(mode) is not None:
+                results = self._run(self._made[POOL], sorted_feeds)
+            else:  # the worker, or until the mode's callable is made
+                mode, results = WORKER, self._run(self._callable, sorted_feeds)
+            ran = time.perf_counter() - started
         rows = sorted_feeds[0].shape[0] if sorted_feeds and sorted_feeds[0].ndim else 1
-        chooser.record(pooled, rows, time.perf_counter() - started)
+        if ran is not None:
+            chooser.record(mode, rows, ran)
+        if chooser.mode is not None:
+            self._settle(chooser.mode)
         return results
 
-    def _pooled_callable(self):
-        """The callable that hands the graph's ops to the inter-op pool, or None while it is made on the prepare
-        pool, off the requests' path: making ResNet-50's took 0.7 s, DenseNet-121's 1.4 s (a compute-bound graph's
-        first runs went on that long the first time the pool was tried)."""
-        if self._pooled is None and self._making is None:
-            self._making = PREPARE_POOL.submit(self._make_pooled_callable)
-        return self._pooled
-
-    def _make_pooled_callable(self) -> None:
+    def _run_one_thread(self, sorted_feeds: Sequence[np.ndarray]) -> tuple[list[np.ndarray], bool]:
+        """A run in the one-thread session, on a thread of ONE_THREAD_RUNS, while it is not given back (else on the
+        worker); whether it was."""
+        self._gate.enter()
         try:
-            self._pooled = self._make_pooled()
+            fn = self._made.get(ONE_THREAD)
+            if fn is None:
+                return self._run(self._callable, sorted_feeds), False
+            return ONE_THREAD_RUNS.submit(self._run, fn, sorted_feeds).result(), True
+        finally:
+            self._gate.leave()
+
+    def _mode_callable(self, mode: str):
+        """The mode's callable, or None while it is made on the prepare pool, off the requests' path: making
+        ResNet-50's pooled callable took 0.7 s, DenseNet-121's 1.4 s; the one-thread one restores the variables into
+        the version's second session first."""
+        fn = self._made.get(mode)
+        if fn is None and mode not in self._making:
+            self._making[mode] = PREPARE_POOL.submit(self._make, mode)
+        return fn
+
+    def _make(self, mode: str) -> None:
+        try:
+            fn = self._makers[mode]()
         except Exception:  # its runs stay on the worker, where they went
-            log.exception("client graph %s: making its inter-op pool callable failed; its runs stay on its worker",
-                          self.key)  # fmt: skip
-            self._chooser.pooled = False
+            log.exception("client graph %s: making its %s callable failed; its runs stay on its worker", self.key,
+                          mode)  # fmt: skip
+            fn = None
+        if fn is None:
+            self._chooser.drop(mode)
+            if self._chooser.mode is not None:
+                self._settle(self._chooser.mode)
+        else:
+            self._made[mode] = fn
+
+    def _settle(self, chosen: str) -> None:
+        """The mode is chosen: let go of the other modes' callables, and of the one-thread session unless chosen
+        (once no run is in it)."""
+        release, self._release = self._release, None
+        if chosen == ONE_THREAD or release is None:
+            return
+        if ONE_THREAD in self._making:
+            self._making[ONE_THREAD].add_done_callback(lambda _: self._give_back(release))
+
+    def _give_back(self, release: Callable[[], None]) -> None:
+        def drop() -> None:
+            if self._made.pop(ONE_THREAD, None) is not None:
+                release()
+
+        self._gate.exclusive(drop)
 
     def _run(self, fn, sorted_feeds: Sequence[np.ndarray]) -> list[np.ndarray]:
         try:

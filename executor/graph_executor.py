@@ -27,10 +27,10 @@ from tensorflow.core.framework import types_pb2
 from tensorflow.core.protobuf import config_pb2
 
 from servex.executor.client_graph import FeedSpec, Key, LoadedClientGraph
-from servex.executor.cost_model import ThreadModeChooser
 from servex.executor.memory import BUILD_BYTES_PER_OP, MEMORY
 from servex.executor.metrics import CacheMetrics
 from servex.executor.op_policy import OpPolicy
+from servex.executor.thread_modes import ONE_THREAD, POOL, ThreadModeChooser
 from servex.loader.errors import InvalidArgument, ServingError, error_with_code
 from servex.loader.saved_model import SavedModelVersion, shape_matches, shape_text, walk
 from servex.loader.variables import PREPARE_POOL
@@ -243,13 +243,18 @@ class GraphExecutor:
             raise error_with_code(e.error_code, f"cannot build client graph {printed!r}: {e.message}") from e
         finally:
             MEMORY.release(need)
-        make_pooled = chooser = None
-        if self._run_in_caller_thread:  # compute-bound graphs may run faster handed to the inter-op pool
+        chooser = makers = release = None
+        if self._run_in_caller_thread:  # compute-bound graphs may run faster otherwise (thread_modes.py)
             pooled_options = config_pb2.CallableOptions()
             pooled_options.CopyFrom(options)
             pooled_options.run_options.inter_op_thread_pool = 0
-            make_pooled = functools.partial(self.model.session._make_callable_from_options, pooled_options)
-            chooser = ThreadModeChooser(printed)
+            makers = {POOL: functools.partial(self.model.session._make_callable_from_options, pooled_options)}
+            twin = self.model.one_thread
+            if twin is not None and twin.available() and not any(self._op_policy().kinds(op) for op in ops):
+                # a graph that changes no state: its runs may go in either session, which hold the same values
+                makers[ONE_THREAD] = functools.partial(self._one_thread_callable, options, printed)
+                release = twin.release
+            chooser = ThreadModeChooser(printed, tuple(makers))
         specs = tuple(
             FeedSpec(
                 name=t.name,
@@ -265,8 +270,27 @@ class GraphExecutor:
         self._metrics.build_seconds.observe(seconds)
         log.debug("built client graph %s in %.3fs (reads %d variables)", printed, seconds, len(variables))
         graph = LoadedClientGraph(printed, key, specs, fetch_names, target_names, variables, seconds, pin, fn)
-        graph._make_pooled, graph._chooser = make_pooled, chooser
+        graph._chooser, graph._makers, graph._release = chooser, makers or {}, release
         return graph
+
+    def _one_thread_callable(self, options: config_pb2.CallableOptions, printed: str):
+        """The client graph's callable in the version's one-thread session (made, and its variables copied into it,
+        on the first call), or None where there is none to have. Its memory: the version's restored variables
+        again, admitted first."""
+        store = self.model.variables
+        size = sum(r.nbytes for n, r in store.records.items() if store.loaded.placed(n, store.device))
+        need = MEMORY.admit(size, "restore", f"a one-thread session for client graph {printed!r}")
+        try:
+            session = self.model.one_thread.acquire()
+        finally:
+            MEMORY.release(need)
+        if session is None:
+            return None
+        try:
+            return session._make_callable_from_options(options)
+        except BaseException:
+            self.model.one_thread.release()
+            raise
 
     def _op_policy(self) -> OpPolicy:
         """The model's OpPolicy, made once (two first builds at once may both make it: the same, harmless)."""

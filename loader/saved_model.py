@@ -28,6 +28,7 @@ from servex.loader.checkpoint import (
     variable_checkpoint_entries,
 )
 from servex.loader.errors import LoadError
+from servex.loader.one_thread import OneThreadSession
 from servex.loader.variables import RestoreOp, VariableHooks, VariableRecord, VariableStore
 
 log = logging.getLogger(__name__)
@@ -127,8 +128,12 @@ class SavedModelVersion:
     # The ops each signature runs (from its outputs back to its inputs), walked once at load: they tell which
     # variables a signature's first run restores, and which state-changing ops its runs may run (OpPolicy).
     signature_ops: dict[str, tuple[tf.Operation, ...]] = field(default_factory=dict)
+    # The second session whose runs use one intra-op thread, made when a client graph asks (loader/one_thread.py).
+    one_thread: OneThreadSession | None = None
 
     def close(self) -> None:
+        if self.one_thread is not None:
+            self.one_thread.close()
         self.session.close()
 
 
@@ -219,8 +224,12 @@ def load_saved_model(
         ready = variables.ensure(needed)
         if ready is not None:
             ready.result()
+        init = _no_init
         if init_op is not None and not _runs_nothing(init_op):
-            loader.run_init_ops(session, list(tags))
+            # The init op, with the assets' paths fed: on this session now, on a second one if one is made.
+            assets = loader_impl.get_asset_tensors(path, meta_graph)
+            init = functools.partial(_run_init, init_op, assets)
+            init(session)
         signatures = {name: _signature(name, sig, path) for name, sig in visible.items()}
         _check_signature_tensors(graph, signatures, path)
     except LoadError:
@@ -245,7 +254,16 @@ def load_saved_model(
         signatures=signatures,
         variables=variables,
         signature_ops=signature_ops,
+        one_thread=OneThreadSession(graph, session_config, variables, init_reads, init),
     )
+
+
+def _no_init(session) -> None:
+    pass
+
+
+def _run_init(init_op, assets: dict, session) -> None:
+    session.run(init_op, feed_dict=assets)
 
 
 @dataclass(frozen=True)

@@ -296,7 +296,13 @@ class VariableStore:
             else:
                 self._groups.append(op)
         self._groups.sort(key=lambda op: -len(op.variables))
-        self._session = session
+        # Every session over the version's graph holds the variables: restores and new values go to each of them
+        # (a second session: one with one intra-op thread, loader/one_thread.py). Many restores or assignments at
+        # once, or one session added.
+        self._sessions = [session]
+        self._sessions_gate = RunGate()
+        self._restored: set[str] = set()  # read into every session
+        self.assigned: set[str] = set()  # given new values through assign()
         self.device = device
         self._transfer = transfer
         self.hooks = hooks or VariableHooks()
@@ -331,14 +337,47 @@ class VariableStore:
           stays held: the process kept twice the table, until 2026-11-24.
         - One run per variable instead made TensorFlow build an executor for each (pruning the whole graph each
           time): 300 variables took 18 s to restore, 2,000 over 20 minutes."""
+        self._sessions_gate.enter()
         try:
-            self._session.run(self._restore_targets(names))
+            targets = self._restore_targets(names)
+            for session in self._sessions:
+                session.run(targets)
+            self._restored.update(names)
         except tf.errors.OpError as e:  # the checkpoint's files changed or broke after the load
             first = sorted(names)[:5]
             shown = ", ".join(map(repr, first)) + (f" and {len(names) - len(first)} more" if len(names) > 5 else "")
             raise error_with_code(
                 13, f"reading variable(s) {shown} from the checkpoint failed: {_op_error_text(e)}{self._files()}"
             ) from e
+        finally:
+            self._sessions_gate.leave()
+
+    def add_session(self, session, first: Iterable[str], init: Callable[[object], None]) -> bool:
+        """Give ``session`` (a new one over the same graph) the variables the others hold: the restored ones of
+        ``first`` (those the init op reads), then ``init(session)`` (the init op), then the other restored ones,
+        as the load did; restores and new values then go to it too. False, with nothing done, once a variable was
+        given a new value (a copy of it would come from the checkpoint)."""
+        added = []
+
+        def add() -> None:
+            if self.assigned:
+                return
+            before = [n for n in first if n in self._restored]
+            if before:
+                session.run(self._restore_targets(before))
+            init(session)
+            after = sorted(self._restored.difference(before))
+            if after:
+                session.run(self._restore_targets(after))
+            self._sessions.append(session)
+            added.append(session)
+
+        self._sessions_gate.exclusive(add)
+        return bool(added)
+
+    def remove_session(self, session) -> None:
+        """Restores and new values no longer go to ``session`` (add_session's)."""
+        self._sessions_gate.exclusive(lambda: self._sessions.remove(session))
 
     def _files(self) -> str:
         """The checkpoint's files, for an error (a failed read's message may not name them: "Read less bytes than
@@ -367,7 +406,13 @@ class VariableStore:
     def _assign(self, record: VariableRecord, value: np.ndarray) -> None:
         if self._transfer is not None:
             value = self._transfer.transfer([value])[0]
-        self._session.run(record.assign, {record.value: value})
+        self._sessions_gate.enter()
+        try:
+            for session in self._sessions:
+                session.run(record.assign, {record.value: value})
+            self.assigned.add(record.name)
+        finally:
+            self._sessions_gate.leave()
 
     def state(self, name: str) -> str:
         if self.loaded.placed(name, self.device):

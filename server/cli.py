@@ -274,6 +274,9 @@ def main(argv: list[str] | None = None) -> None:
     # gRPC core's own log at ERROR and above (read when grpc is first imported, after this): at INFO it writes a
     # line per failed TLS handshake, so any client could fill the log (40,449 lines in a 10-minute soak).
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    if not settings.tensorflow_intra_op_parallelism:  # servex sizes the pools: each session its own, so that a
+        # version's second session can run with one intra-op thread (loader/one_thread.py)
+        os.environ.setdefault("TF_OVERRIDE_GLOBAL_THREADPOOL", "1")  # before TensorFlow starts
     group.follow_supervisor()  # one of a group's serving processes: dies with its supervisor
     if settings.serving_processes > 1:
         from servex.server.supervisor import supervise  # no TensorFlow in the supervisor

@@ -6,8 +6,15 @@ from __future__ import annotations
 import threading
 
 import numpy as np
+import tensorflow as tf
 
-from servex.executor import GraphExecutor, LoadedClientGraph, client_graph_key, cost_model
+from servex.executor import GraphExecutor, LoadedClientGraph, client_graph_key, thread_modes
+from servex.executor.thread_modes import ONE_THREAD, POOL, WORKER
+from servex.loader import load_saved_model
+from servex.loader.one_thread import PER_SESSION_POOLS
+from tests.conftest import COUNTER, HALF_PLUS_TWO_TF1
+
+TWO_THREADS = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=2, inter_op_parallelism_threads=2)
 
 X = np.array([[1], [2], [5]], np.float32)
 Y = np.array([[2.5], [3.0], [4.5]], np.float32)  # 0.5x + 2
@@ -39,13 +46,13 @@ def test_only_runs_alone_try_or_take_the_inter_op_pool(half):
     graph = executor.client_graph(["x:0"], ["y:0"])
     for _ in range(3):  # under load (another run going, or requests queued): on the worker, and not a trial
         np.testing.assert_array_equal(executor.run({"x:0": X}, ["y:0"], alone=False)[0], Y)
-    assert graph._chooser.pooled is None and graph._pooled is None
+    assert graph._chooser.mode is None and graph._made == {}
     np.testing.assert_array_equal(executor.run({"x:0": X}, ["y:0"])[0], Y)
-    assert graph._chooser.pooled is False  # alone, and small: on its worker from its first run
+    assert graph._chooser.mode == WORKER  # alone, and small: on its worker from its first run
     # As where runs alone were found faster on the pool: its pooled callable, counted.
-    pooled, calls = graph._make_pooled(), []
-    graph._pooled = lambda *feeds: calls.append(1) or pooled(*feeds)
-    graph._chooser.pooled = True
+    pooled, calls = graph._makers[POOL](), []
+    graph._made[POOL] = lambda *feeds: calls.append(1) or pooled(*feeds)
+    graph._chooser.mode = POOL
     np.testing.assert_array_equal(executor.run({"x:0": X}, ["y:0"], alone=False)[0], Y)
     assert calls == []  # a run under load still went on its worker
     np.testing.assert_array_equal(executor.run({"x:0": X}, ["y:0"])[0], Y)
@@ -55,26 +62,78 @@ def test_only_runs_alone_try_or_take_the_inter_op_pool(half):
 def test_the_pooled_callable_is_made_off_the_requests_path(half, monkeypatch):
     # As for a compute-bound graph (every run counts as one), whose pooled callable takes long to make: the runs
     # that would try the pool go on the worker until it is made on the prepare pool, then the trial goes on.
-    monkeypatch.setattr(cost_model, "COMPUTE_BOUND_SECONDS", 0.0)
+    monkeypatch.setattr(thread_modes, "COMPUTE_BOUND_SECONDS", 0.0)
     executor = GraphExecutor(half)
     graph = executor.client_graph(["x:0"], ["y:0"])
-    make, release, calls = graph._make_pooled, threading.Event(), []
+    make, release, calls = graph._makers[POOL], threading.Event(), []
 
     def slow_make():
         release.wait(30)
         pooled = make()
         return lambda *feeds: calls.append(1) or pooled(*feeds)
 
-    graph._make_pooled = slow_make
+    graph._makers[POOL] = slow_make
     for _ in range(4):  # worker, pool (being made: on the worker), worker, pool (still being made)
         np.testing.assert_array_equal(executor.run({"x:0": X}, ["y:0"])[0], Y)
-    assert calls == [] and graph._pooled is None and not graph._making.done()
+    assert calls == [] and POOL not in graph._made and not graph._making[POOL].done()
     release.set()
-    graph._making.result(timeout=30)
+    graph._making[POOL].result(timeout=30)
     for _ in range(4):
         np.testing.assert_array_equal(executor.run({"x:0": X}, ["y:0"])[0], Y)
     assert calls == [1, 1]  # every other run, on the pool now
-    assert graph._chooser.pooled is None  # still trying: the runs before it was made were on the worker
+    assert graph._chooser.mode is None  # still trying: the runs before it was made were on the worker
+
+
+def test_a_graph_that_keeps_one_thread_runs_there_alone_and_under_load(testdata, monkeypatch):
+    # As where its lone runs were found faster with one intra-op thread: every run goes in the version's second
+    # session, with the same answers; a graph that chose another mode gives the session back, and it closes.
+    monkeypatch.setenv(PER_SESSION_POOLS, "1")
+    model = load_saved_model(str(HALF_PLUS_TWO_TF1 / "00000123"), session_config=TWO_THREADS)
+    try:
+        executor = GraphExecutor(model)
+        graph = executor.client_graph(["x:0"], ["y:0"])
+        assert graph._chooser.modes == [WORKER, POOL, ONE_THREAD]
+        np.testing.assert_array_equal(executor.run({"x:0": X}, ["y:0"], alone=False)[0], Y)  # restored
+        assert graph._mode_callable(ONE_THREAD) is None  # being made, on the prepare pool
+        graph._making[ONE_THREAD].result(timeout=30)
+        made, calls = graph._made[ONE_THREAD], []
+        assert made._session is model.one_thread._session  # a callable of the second session
+        graph._made[ONE_THREAD] = lambda *feeds: calls.append(1) or made(*feeds)
+        graph._chooser.mode = ONE_THREAD
+        for alone in (True, False):
+            np.testing.assert_array_equal(executor.run({"x:0": X}, ["y:0"], alone=alone)[0], Y)
+        assert calls == [1, 1]
+        # Another graph of the version tries it too, and keeps its worker: its share is given back.
+        other = executor.client_graph(["x:0"], ["y2:0"])
+        other._mode_callable(ONE_THREAD)
+        other._making[ONE_THREAD].result(timeout=30)
+        assert model.one_thread._users == 2
+        other._chooser.mode = WORKER
+        other._settle(WORKER)
+        assert model.one_thread._users == 1 and ONE_THREAD not in other._made
+        graph._settle(ONE_THREAD)  # kept
+        assert model.one_thread._users == 1 and len(model.variables._sessions) == 2
+        graph._made[ONE_THREAD] = made
+        graph._release = model.one_thread.release
+        graph._settle(WORKER)  # as if it had chosen otherwise: the last user, so the session closes
+        assert model.one_thread._session is None and model.variables._sessions == [model.session]
+        np.testing.assert_array_equal(executor.run({"x:0": X}, ["y:0"])[0], Y)  # on its worker again
+    finally:
+        model.close()
+
+
+def test_a_graph_that_changes_state_never_tries_a_second_session(testdata, monkeypatch):
+    # Its runs change the version's state (a counter): a second session would hold another counter.
+    monkeypatch.setenv(PER_SESSION_POOLS, "1")
+    model = load_saved_model(str(COUNTER / "00000123"), session_config=TWO_THREADS)
+    try:
+        executor = GraphExecutor(model)
+        incr = model.signatures["incr_counter"].outputs["output"].name
+        value = model.signatures["get_counter"].outputs["output"].name
+        assert ONE_THREAD not in executor.client_graph([], [incr])._chooser.modes
+        assert ONE_THREAD in executor.client_graph([], [value])._chooser.modes
+    finally:
+        model.close()
 
 
 # -- what the executor rejects ------------------------------------------------------------------------------

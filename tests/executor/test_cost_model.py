@@ -13,7 +13,6 @@ from servex.executor.cost_model import (
     STALE_RUNS,
     Choice,
     GraphCost,
-    ThreadModeChooser,
     answers_agree,
     bucket,
 )
@@ -254,53 +253,6 @@ def test_bfloat16_answers_agree_within_its_precision():
     b = np.array([1.0, 2.015625], dtype=ml_dtypes.bfloat16)  # one step of bfloat16 at 2
     assert answers_agree([a], [b])
     assert not answers_agree([a], [np.array([1.0, 2.5], dtype=ml_dtypes.bfloat16)])
-
-
-def chosen(inline_seconds: float, pooled_seconds: float, rows: int = 1) -> tuple[bool | None, list[bool]]:
-    """Run a ThreadModeChooser to its decision on fixed run times; its choice and the modes it tried."""
-    chooser = ThreadModeChooser()
-    tried = []
-    for _ in range(2 * ThreadModeChooser.RUNS):
-        if chooser.pooled is not None:
-            break
-        pooled = chooser.pick()
-        tried.append(pooled)
-        chooser.record(pooled, rows, pooled_seconds if pooled else inline_seconds)
-    return chooser.pooled, tried
-
-
-def test_a_small_graph_stays_on_its_worker_after_one_run():
-    assert chosen(inline_seconds=0.0002, pooled_seconds=0.0001) == (False, [False])
-
-
-def test_a_compute_bound_graph_tries_both_and_keeps_the_faster():
-    pooled, tried = chosen(inline_seconds=0.018, pooled_seconds=0.015)  # MobileNetV2-like
-    assert pooled is True and tried.count(True) == tried.count(False) == ThreadModeChooser.RUNS // 2
-    assert chosen(inline_seconds=0.050, pooled_seconds=0.058)[0] is False  # ResNet-50-like
-    # The pool must save 5%: a tie stays on the worker, which hands nothing over.
-    assert chosen(inline_seconds=0.020, pooled_seconds=0.0195)[0] is False
-
-
-def test_each_modes_first_runs_are_left_out():
-    # An encoder-like graph: a callable's first runs are slow, the pooled one's more so, while warm the pool is
-    # faster by a fifth. Counted, the first runs would keep it on its worker.
-    chooser = ThreadModeChooser()
-    runs = {False: 0, True: 0}
-    while chooser.pooled is None and sum(runs.values()) < 2 * ThreadModeChooser.RUNS:
-        pooled = chooser.pick()
-        cold = runs[pooled] < 5  # as TensorFlow's first runs of a callable
-        runs[pooled] += 1
-        chooser.record(pooled, 1, (0.020 if pooled else 0.013) if cold else (0.010 if pooled else 0.0123))
-    assert chooser.pooled is True
-    assert runs == {False: ThreadModeChooser.RUNS // 2, True: ThreadModeChooser.RUNS // 2}
-
-
-def test_runs_of_other_batch_sizes_are_not_compared():
-    chooser = ThreadModeChooser()
-    for _ in range(ThreadModeChooser.RUNS):
-        chooser.record(False, 1, 0.010)
-        chooser.record(True, 8, 0.040)  # per row far less, but at another size
-    assert chooser.pooled is None
 
 
 def test_noise_does_not_flip_the_choice():

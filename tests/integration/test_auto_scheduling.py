@@ -13,11 +13,15 @@ import pytest
 import tensorflow as tf
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from servex.executor.cost_model import COMPUTE_BOUND_RUNS, ThreadModeChooser
+from servex.executor.cost_model import COMPUTE_BOUND_RUNS
+from servex.executor.thread_modes import ThreadModeChooser
 from servex.server.cores import usable_cores
 from tests.support.daemon import metric
 
 IMAGE = (96, 96, 64)
+# Lone runs until a compute-bound graph's thread mode is chosen: each of the three modes (its worker, the inter-op
+# pool, the one-thread session) warmed and tried, and the first runs that build, restore and classify it.
+CHOSEN = 3 * (ThreadModeChooser.WARM + ThreadModeChooser.TRIALS) + 2
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +77,7 @@ def thread_cpu_times(pid: int) -> dict[int, int]:
 def busy_threads(daemon, stub, calls: int = 10) -> int:
     """How many of the daemon's threads did a real share of the CPU work of one request (the median over ``calls``
     requests, one at a time: successive requests may run on different run workers)."""
-    for i in range(ThreadModeChooser.RUNS + 2):  # built, restored, classified, its thread mode chosen
+    for i in range(CHOSEN):
         stub.ModelInfer(request(i), timeout=60)
     counts = []
     for i in range(calls):
@@ -95,6 +99,9 @@ def test_one_request_of_a_compute_bound_model_runs_on_every_core(start_daemon, c
     daemon = start_daemon("--model_name=conv", f"--model_base_path={conv_model}", spare=False)
     stub = service_pb2_grpc.GRPCInferenceServiceStub(daemon.channel)
     assert busy_threads(daemon, stub) >= min(cores, 2)
+    if cores > 1:  # its lone runs were tried in each mode, the one-thread session's among them, before the choice
+        (chosen,) = [line for line in daemon.log().splitlines() if "runs on" in line and "client graph" in line]
+        assert "ms on one intra-op thread" in chosen or "runs on one intra-op thread" in chosen
     labels = {"model": "conv", "version": "1", "signature": "serving_default"}
     assert metric(daemon, "servex_scheduler_compute_bound", **labels) == 1
     assert metric(daemon, "servex_scheduler_concurrency", **labels) == COMPUTE_BOUND_RUNS
@@ -132,7 +139,7 @@ def test_runs_at_once_of_a_compute_bound_model_follow_the_flag(start_daemon, con
     daemon = start_daemon("--model_name=conv", f"--model_base_path={conv_model}", "--auto_compute_bound_runs=1",
                           "--num_run_workers=2")  # fmt: skip
     stub = service_pb2_grpc.GRPCInferenceServiceStub(daemon.channel)
-    for i in range(ThreadModeChooser.RUNS + 2):  # built, restored, classified, its thread mode chosen
+    for i in range(CHOSEN):
         stub.ModelInfer(request(i), timeout=60)
     labels = {"model": "conv", "version": "1", "signature": "serving_default"}
     assert metric(daemon, "servex_scheduler_compute_bound", **labels) == 1

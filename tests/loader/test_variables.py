@@ -268,7 +268,7 @@ def test_a_signature_s_variables_are_read_by_one_restore_op_and_no_others(three)
         # A read per variable, one per signature's pair; no placeholder: a new value is fed in place of the read.
         assert sorted(len(op.outputs) for op in servex_ops(model, "RestoreV2")) == [1, 1, 1, 2, 2]
         assert servex_ops(model, "Placeholder") == []
-        session = store._session = RecordingSession(store._session)
+        session = store._sessions[0] = RecordingSession(store._sessions[0])
         assert y(model, "ab") == 6.0
         (targets,) = session.runs
         (read,) = reads_of(model, targets)  # one RestoreV2, of a and b only
@@ -289,7 +289,7 @@ def test_a_part_of_a_group_is_read_alone(three):
     try:
         store = model.variables
         a, b = (next(n for n, r in store.records.items() if r.key.startswith(f"{v}/")) for v in "ab")
-        session = store._session = RecordingSession(store._session)
+        session = store._sessions[0] = RecordingSession(store._sessions[0])
         store.ensure([a]).result(30)
         (targets,) = session.runs
         assert len(targets) == 1 and len(model.graph.get_operation_by_name(reads_of(model, targets)[0]).outputs) == 1

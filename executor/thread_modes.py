@@ -1,0 +1,121 @@
+"""How a client graph's runs that go alone (no other run of it going, nothing of it queued) run, learnt by trial.
+
+Three modes:
+
+- ``WORKER``: on its run worker, TensorFlow's ops one after another, each spread over the version's intra-op pool
+  (every core servex may use);
+- ``POOL``: handed to TensorFlow's inter-op pool (independent ops at once: a network's parallel branches);
+- ``ONE_THREAD``: on its run worker, in the version's second session, whose intra-op pool has one thread
+  (loader/one_thread.py). A model of many small ops loses more to spreading each op over the cores than it gains:
+  on 2 cores in process, batch-1 ms on one thread against two, the encoder 8.6 against 10.2, MobileNetV2 13.6 against
+  17.3, EfficientNetB0 20.8 against 25.3; ResNet-50 71.2 against 53.6, DenseNet-121 54.7 against 55.1 (its ops
+  parallelize). A graph that takes this mode runs there under load too: two runs of one thread each on 2 cores served
+  the five as much as or more than runs of two (batches of 16, 2 callers: 245 rows/s against 238, 144 against 136,
+  104 against 100, 33 against 32, 35 against 34).
+
+A small graph always runs on its worker (handing its ops over costs more than they take; the second session would
+cost memory for nothing). A compute-bound one tries the modes it may take in turns, until ``TRIALS`` runs of each at
+one batch-size bucket were seen (after ``WARM``), then keeps the fastest, another than its worker only where it
+saves ``GAIN`` of the time. On 2 cores the worker and the pool came within 4% of each other on every model
+measured (one process, both callables warm, run in turns, medians): DenseNet-121 51.6 ms an image on the pool
+against 53.5 on its worker, ResNet-50 53.0 and 54.0, EfficientNetB0 24.5 and 25.0, MobileNetV2 16.7 and 16.6, the
+encoder 10.8 and 10.4, a GRU 3.1 and 3.1; the pool is for graphs with independent branches on more cores than one
+op's shards keep busy. Runs under load go on their worker (or in the one-thread session, where chosen): the pool's
+parallel ops fill cores a run alone leaves idle, but under load other runs and the calls fill them (at 32 callers on
+2 cores the pool served a GRU 1,412-1,508 sequences/s against 1,425-1,717 on its worker).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+
+import numpy as np
+
+from servex.executor.cost_model import COMPUTE_BOUND_SECONDS, bucket
+
+log = logging.getLogger(__name__)
+
+WORKER, POOL, ONE_THREAD = "worker", "pool", "one_thread"
+_WHERE = {WORKER: "its run worker", POOL: "TensorFlow's inter-op pool", ONE_THREAD: "one intra-op thread"}
+
+
+class ThreadModeChooser:
+    """Which mode a client graph's lone runs take: tried in turns while serving, then kept."""
+
+    # Trials happen while serving, so they are few: 18 runs of each in turns, the first 10 left out, chose the same
+    # modes for the suite's models and a GRU, and raised ResNet-50's mean latency at 1 caller over the first seconds
+    # from 52 ms to 60. Each mode's first ``WARM`` runs are left out: TensorFlow's executor learns over its first
+    # runs which kernels to run inline, and a callable's first runs are slower by more than the modes differ.
+    WARM = 5
+    TRIALS = 5
+    GAIN = 0.05
+
+    def __init__(self, name: str = "", modes: Sequence[str] = (WORKER, POOL)):
+        self.name = name
+        self.modes = [WORKER, *(m for m in modes if m != WORKER)]  # the first run on its worker: a small graph is
+        # told at once, with nothing else made
+        self.mode: str | None = None  # None: not decided yet
+        self._samples: dict[tuple[int, str], list[float]] = {}
+        self._warm = dict.fromkeys(self.modes, 0)  # runs of each mode so far, up to WARM
+        self._turn = -1
+        self._lock = threading.Lock()
+
+    @property
+    def runs(self) -> int:
+        """Runs alone before the choice, at most (of a graph whose runs are all of one bucket)."""
+        return len(self.modes) * (self.WARM + self.TRIALS)
+
+    def pick(self) -> str:
+        """The mode of the next lone run."""
+        if self.mode is not None:
+            return self.mode
+        self._turn = (self._turn + 1) % len(self.modes)
+        return self.modes[self._turn]
+
+    def drop(self, mode: str) -> None:
+        """``mode`` cannot be had (its callable or session could not be made): try the others."""
+        with self._lock:
+            if mode in self.modes and mode != WORKER and self.mode is None:
+                self.modes.remove(mode)
+                for b in {b for b, _ in self._samples}:
+                    if self._decide(b):
+                        break
+                if self.modes == [WORKER] and self.mode is None:
+                    self.mode = WORKER
+
+    def record(self, mode: str, rows: int, seconds: float) -> None:
+        """A lone run of ``rows`` rows took ``seconds`` in ``mode``."""
+        if self.mode is not None:
+            return
+        rows = max(rows, 1)
+        with self._lock:
+            if self.mode is not None or mode not in self.modes:
+                return
+            if seconds < COMPUTE_BOUND_SECONDS and mode == WORKER:
+                self.mode = WORKER  # a small graph: on its worker
+                return
+            if self._warm[mode] < self.WARM:
+                self._warm[mode] += 1
+                return
+            b = bucket(rows)
+            self._samples.setdefault((b, mode), []).append(seconds / rows)
+            self._decide(b)
+
+    def _decide(self, b: int) -> bool:
+        """Choose once every mode has ``TRIALS`` runs at bucket ``b`` (the lock is held)."""
+        medians = {}
+        for mode in self.modes:
+            samples = self._samples.get((b, mode), [])
+            if len(samples) < self.TRIALS:
+                return False
+            medians[mode] = float(np.median(samples))
+        best = min(medians, key=medians.__getitem__)
+        if medians[best] >= medians[WORKER] * (1 - self.GAIN):
+            best = WORKER  # a tie stays on the worker, which hands nothing over and holds no second session
+        self.mode = best
+        shown = ", ".join(f"{1000 * s:.1f} ms on {_WHERE[m]}" for m, s in medians.items() if m != best)
+        log.info("client graph %s runs on %s (%.1f ms a row there; %s)", self.name, _WHERE[best],
+                 1000 * medians[best], shown)  # fmt: skip
+        return True

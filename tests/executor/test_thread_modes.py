@@ -1,0 +1,90 @@
+"""The ThreadModeChooser on given run times: which mode a client graph's lone runs keep. No timing."""
+
+from __future__ import annotations
+
+from servex.executor.thread_modes import ONE_THREAD, POOL, WORKER, ThreadModeChooser
+
+MODES = (WORKER, POOL, ONE_THREAD)
+
+
+def chosen(seconds: dict[str, float], rows: int = 1) -> tuple[str | None, list[str]]:
+    """Run a ThreadModeChooser of ``seconds``' modes to its decision on fixed run times; its choice and the modes
+    it tried, in order."""
+    chooser = ThreadModeChooser("g", tuple(seconds))
+    tried = []
+    for _ in range(2 * chooser.runs):
+        if chooser.mode is not None:
+            break
+        mode = chooser.pick()
+        tried.append(mode)
+        chooser.record(mode, rows, seconds[mode])
+    return chooser.mode, tried
+
+
+def test_a_small_graph_stays_on_its_worker_after_one_run():
+    assert chosen({WORKER: 0.0002, POOL: 0.0001, ONE_THREAD: 0.0001}) == (WORKER, [WORKER])
+
+
+def test_a_compute_bound_graph_tries_each_mode_in_turns_and_keeps_the_fastest():
+    mode, tried = chosen({WORKER: 0.012, POOL: 0.013, ONE_THREAD: 0.010})  # encoder-like
+    assert mode == ONE_THREAD
+    assert tried[:3] == [WORKER, POOL, ONE_THREAD]
+    each = ThreadModeChooser.WARM + ThreadModeChooser.TRIALS
+    assert tried.count(WORKER) == tried.count(POOL) == tried.count(ONE_THREAD) == each
+    assert chosen({WORKER: 0.018, POOL: 0.015})[0] == POOL  # MobileNetV2-like, without a second session
+    assert chosen({WORKER: 0.054, POOL: 0.053, ONE_THREAD: 0.071})[0] == WORKER  # ResNet-50-like: within 5%
+    assert chosen({WORKER: 0.060, POOL: 0.053, ONE_THREAD: 0.071})[0] == POOL
+
+
+def test_another_mode_must_save_its_gain():
+    # A tie stays on the worker, which hands nothing over and holds no second session.
+    assert chosen({WORKER: 0.020, POOL: 0.0195, ONE_THREAD: 0.0193})[0] == WORKER
+    assert chosen({WORKER: 0.020, POOL: 0.0195, ONE_THREAD: 0.0185})[0] == ONE_THREAD
+
+
+def test_each_modes_first_runs_are_left_out():
+    # An encoder-like graph: a callable's first runs are slow, the one-thread one's more so, while warm it is
+    # faster by a fifth. Counted, the first runs would keep it on its worker.
+    chooser = ThreadModeChooser("g", (WORKER, ONE_THREAD))
+    runs = {WORKER: 0, ONE_THREAD: 0}
+    while chooser.mode is None and sum(runs.values()) < 2 * chooser.runs:
+        mode = chooser.pick()
+        cold = runs[mode] < ThreadModeChooser.WARM
+        runs[mode] += 1
+        fast = mode == ONE_THREAD
+        chooser.record(mode, 1, (0.020 if fast else 0.013) if cold else (0.010 if fast else 0.0123))
+    assert chooser.mode == ONE_THREAD
+    assert runs == {WORKER: chooser.runs // 2, ONE_THREAD: chooser.runs // 2}
+
+
+def test_runs_of_other_batch_sizes_are_not_compared():
+    chooser = ThreadModeChooser("g", (WORKER, POOL))
+    for _ in range(chooser.runs):
+        chooser.record(WORKER, 1, 0.010)
+        chooser.record(POOL, 8, 0.040)  # per row far less, but at another size
+    assert chooser.mode is None
+
+
+def test_a_mode_that_cannot_be_had_is_dropped():
+    # The one-thread session could not be made (no memory, or the version's variables were given new values):
+    # the others decide alone, at once where they have been seen enough.
+    chooser = ThreadModeChooser("g", MODES)
+    for _ in range(ThreadModeChooser.WARM + ThreadModeChooser.TRIALS):
+        chooser.record(WORKER, 1, 0.020)
+        chooser.record(POOL, 1, 0.015)
+    assert chooser.mode is None  # still waiting for the one-thread runs
+    chooser.drop(ONE_THREAD)
+    assert chooser.mode == POOL and chooser.modes == [WORKER, POOL]
+    alone = ThreadModeChooser("g", (WORKER, ONE_THREAD))
+    alone.drop(ONE_THREAD)
+    assert alone.mode == WORKER
+    alone.drop(WORKER)  # the worker is always there
+    assert alone.modes == [WORKER]
+
+
+def test_runs_in_a_dropped_mode_are_not_counted():
+    chooser = ThreadModeChooser("g", MODES)
+    chooser.drop(POOL)
+    for _ in range(3 * chooser.runs):
+        chooser.record(POOL, 1, 0.001)  # a run that was already under way in it
+    assert chooser.mode is None
