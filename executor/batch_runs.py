@@ -23,6 +23,7 @@ import numpy as np
 
 from servex.executor.answers import Held
 from servex.executor.batching import BatchingOptions, PaddedBatch, batch_rows, pad_to_common_shape
+from servex.executor.client_graph import ran_on_one_thread
 from servex.executor.cost_model import VERIFY_REQUESTS, answers_agree
 from servex.executor.work import WorkItem, trace_batch, trace_run
 from servex.loader.errors import ServingError
@@ -118,7 +119,7 @@ class BatchRuns:
                 cost.verified = False
             return
         if cost is not None:
-            cost.observe(total, seconds, at_once(before, cost), waiting)
+            cost.observe(total, seconds, at_once(before, cost), waiting, one_thread=ran_on_one_thread())
         trace_batch(batch, started, started + seconds, size)
         self._metrics_for(first.ticket).stats.ran(len(batch), total, seconds)  # one graph: one model version
         offset = 0
@@ -161,7 +162,7 @@ class BatchRuns:
         ended = time.monotonic()
         seconds = ended - started
         if ok and item.cost is not None:
-            item.cost.observe(item.rows, seconds, at_once(before, item.cost), waiting)
+            item.cost.observe(item.rows, seconds, at_once(before, item.cost), waiting, one_thread=ran_on_one_thread())
         if item.ticket.trace is not None:
             trace_run(item, started, ended, item.rows)
         metrics = self._metrics_for(item.ticket)

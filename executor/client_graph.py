@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +30,15 @@ Key = tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]
 # convolution's, a matrix product's) in a cache per thread, keyed by the op's shapes and not by the threads they were
 # planned for: a thread that ran a graph on two threads then ran MobileNetV2's one-thread session in 20.6 ms a
 # request, a fresh thread in 12.5 (the two-thread session: 16.0-17.5).
+_RAN = threading.local()
+
+
+def ran_on_one_thread() -> bool:
+    """Whether this thread's last run went in a one-thread session, its graph's mode chosen (not a trial's run): for
+    the cost model's choice (cost_model.py)."""
+    return getattr(_RAN, "one_thread", False)
+
+
 ONE_THREAD_RUNS = ThreadPoolExecutor(max_workers=max(2, len(os.sched_getaffinity(0))), thread_name_prefix="servex-one")
 
 
@@ -68,32 +78,39 @@ class LoadedClientGraph:
         ``alone``: no other run of the graph goes and nothing of it waits; a run under load goes on its worker (in
         the one-thread session, where its lone runs were found faster there)."""
         chooser = self._chooser
+        _RAN.one_thread = False
         if chooser is None:
             return self._run(self._callable, sorted_feeds)
         mode = chooser.mode
         if mode is None and alone:
             return self._trial(chooser, sorted_feeds)
         if mode == ONE_THREAD:
-            return self._run_one_thread(sorted_feeds)[0]
+            results, _RAN.one_thread = self._run_one_thread(sorted_feeds)
+            return results
         if mode == POOL and alone:
             return self._run(self._made[POOL], sorted_feeds)
         return self._run(self._callable, sorted_feeds)
 
     def _trial(self, chooser: ThreadModeChooser, sorted_feeds: Sequence[np.ndarray]) -> list[np.ndarray]:
         mode = chooser.pick()
+        busy = None
         started = time.perf_counter()
         if mode == ONE_THREAD and self._mode_callable(mode) is not None:
             results, in_it = self._run_one_thread(sorted_feeds)
             ran = time.perf_counter() - started if in_it else None
-        else:
-            if mode == POOL and self._mode_callable(mode) is not None:
-                results = self._run(self._made[POOL], sorted_feeds)
-            else:  # the worker, or until the mode's callable is made
-                mode, results = WORKER, self._run(self._callable, sorted_feeds)
+        elif mode == POOL and self._mode_callable(mode) is not None:
+            results = self._run(self._made[POOL], sorted_feeds)
             ran = time.perf_counter() - started
+        else:  # the worker, or until the mode's callable is made
+            # The cores it keeps busy: the process's CPU time over the run, where no callable is being made beside it.
+            cpu = time.process_time() if chooser.gated and all(f.done() for f in self._making.values()) else None
+            mode, results = WORKER, self._run(self._callable, sorted_feeds)
+            ran = time.perf_counter() - started
+            if cpu is not None and ran > 0:
+                busy = (time.process_time() - cpu) / ran
         rows = sorted_feeds[0].shape[0] if sorted_feeds and sorted_feeds[0].ndim else 1
         if ran is not None:
-            chooser.record(mode, rows, ran)
+            chooser.record(mode, rows, ran, busy)
         if chooser.mode is not None:
             self._settle(chooser.mode)
         return results

@@ -115,11 +115,13 @@ class Choice:
     compute_bound: bool
     concurrency: int  # runs of it at once
     batch_limit: int  # rows in one batch at most
+    threads: int = 1  # TensorFlow's intra-op threads its runs use (its version's session's, or the one-thread one's)
 
-    def describe(self, threads: int) -> str:
+    def describe(self) -> str:
         kind = "compute-bound" if self.compute_bound else "call-bound"
         runs = "1 run at a time" if self.concurrency == 1 else f"up to {self.concurrency} runs at once"
-        return f"{kind}: batches of up to {self.batch_limit} rows, {runs}, {threads} intra-op threads per run"
+        threads = "1 intra-op thread" if self.threads == 1 else f"{self.threads} intra-op threads"
+        return f"{kind}: batches of up to {self.batch_limit} rows, {runs}, {threads} per run"
 
 
 class GraphCost:
@@ -136,7 +138,8 @@ class GraphCost:
     ):
         self.max_batch_size = max_batch_size
         self.workers = workers  # runs at once of a call-bound graph
-        self.threads = threads  # TensorFlow's intra-op threads, which every run may use
+        self.threads = threads  # TensorFlow's intra-op threads of its version's session
+        self.run_threads = threads  # those its last run used (1 in the version's one-thread session)
         self.name = name  # for the log line
         self.on_change = on_change
         self._lock = threading.Lock()
@@ -150,14 +153,20 @@ class GraphCost:
         self.waiting = 0  # rows of it queued when its last batch was taken, that batch's included (the same)
         # Batching's answers checked against runs one by one: None until a batch was checked.
         self.verified: bool | None = None
-        self.choice = Choice(False, workers, max_batch_size)
+        self.choice = Choice(False, workers, max_batch_size, threads)
         self.runs = RunsAtOnce(compute_runs)  # a compute-bound graph's runs at once: 1, or compute_runs
         self.concurrency = workers  # runs of it that may go at once now (the choice's, or a trial's)
 
     # -- what was seen -------------------------------------------------------------------------------------------
 
     def observe(
-        self, rows: int, seconds: float, at_once: float = 1.0, waiting: int = 0, ended: float | None = None
+        self,
+        rows: int,
+        seconds: float,
+        at_once: float = 1.0,
+        waiting: int = 0,
+        ended: float | None = None,
+        one_thread: bool = False,
     ) -> Choice | None:
         """A run of ``rows`` rows took ``seconds`` while ``at_once`` runs of the graph went (this one included, on
         average over the run), ending at ``ended`` (by default now), its batch taken where ``waiting`` rows of the
@@ -165,9 +174,11 @@ class GraphCost:
         the cores, so each takes longer for it: what counts is its time over ``at_once``, the time the cores gave
         its rows. Without it, one-row runs measured alone (one caller) looked twice as cheap per row as the batches
         two runs at once then ran (more callers), and the limit fell to 1 row for seconds at each rise of the load.
-        A compute-bound graph's runs at once are learned by trial (runs_at_once.py)."""
+        A compute-bound graph's runs at once are learned by trial (runs_at_once.py). ``one_thread``: the run went
+        in the version's one-thread session (thread_modes.py)."""
         if rows < 1 or seconds < 0:
             return None
+        self.run_threads = 1 if one_thread else self.threads
         ended = time.monotonic() if ended is None else ended
         with self._lock:
             shared = at_once >= SHARED
@@ -194,7 +205,7 @@ class GraphCost:
             log.info("client graph %s: %s", self.name, ", ".join(
                 f"{runs} at once served {rows_s:,.1f} rows/s" for runs, rows_s in sorted(self.runs.served.items())
             ))  # fmt: skip
-        log.info("client graph %s: %s (%s)", self.name, choice.describe(self.threads), self._curve())
+        log.info("client graph %s: %s (%s)", self.name, choice.describe(), self._curve())
         if self.on_change is not None:
             self.on_change(choice)
         return choice
@@ -246,9 +257,9 @@ class GraphCost:
             compute_bound = one_row >= COMPUTE_BOUND_SECONDS
         concurrency = self.runs.chosen if compute_bound else self.workers
         if not compute_bound:  # the call is the cost: a larger batch only saves hand-offs
-            return Choice(False, concurrency, self.max_batch_size)
+            return Choice(False, concurrency, self.max_batch_size, self.run_threads)
         if not seen or self.runs.trying:  # during a trial of runs at once, its runs are of either kind
-            return Choice(True, concurrency, self.choice.batch_limit)
+            return Choice(True, concurrency, self.choice.batch_limit, self.run_threads)
         best = min(seen.values())
         knee = min(b for b, s in seen.items() if s <= best * (1 + KNEE_TOLERANCE))
         if max(seen) < knee + KNEE_SPAN and not self._covers_max(seen):
@@ -268,7 +279,7 @@ class GraphCost:
                 limit = self.choice.batch_limit
         else:
             self._streak = 0
-        return Choice(compute_bound, concurrency, limit)
+        return Choice(compute_bound, concurrency, limit, self.run_threads)
 
     def _covers_max(self, seen: dict[int, float]) -> bool:
         return max(seen) >= bucket(self.max_batch_size)

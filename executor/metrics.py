@@ -186,10 +186,12 @@ SCHEDULER_COMPUTE_BOUND = Gauge(
 )
 SCHEDULER_THREADS = Gauge(
     "servex_scheduler_intra_op_threads",
-    "TensorFlow intra-op threads each run may use (one pool for the process: the cores servex may use, unless set)",
+    "TensorFlow intra-op threads a client graph's runs use (its version's session's: the cores servex may use, unless "
+    "set; 1 where it runs in the version's one-thread session)",
+    SCHEDULER_LABELS,
     multiprocess_mode="livemax",
 )
-_SCHEDULER_GAUGES = (SCHEDULER_BATCH_LIMIT, SCHEDULER_CONCURRENCY, SCHEDULER_COMPUTE_BOUND)
+_SCHEDULER_GAUGES = (SCHEDULER_BATCH_LIMIT, SCHEDULER_CONCURRENCY, SCHEDULER_COMPUTE_BOUND, SCHEDULER_THREADS)
 
 
 def show_choice(labels: tuple[str, str, str], choice) -> None:
@@ -197,6 +199,7 @@ def show_choice(labels: tuple[str, str, str], choice) -> None:
     SCHEDULER_BATCH_LIMIT.labels(*labels).set(choice.batch_limit)
     SCHEDULER_CONCURRENCY.labels(*labels).set(choice.concurrency)
     SCHEDULER_COMPUTE_BOUND.labels(*labels).set(1 if choice.compute_bound else 0)
+    SCHEDULER_THREADS.labels(*labels).set(choice.threads)
 
 
 def forget_choices(labels: set[tuple[str, str, str]]) -> None:

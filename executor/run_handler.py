@@ -37,7 +37,7 @@ from servex.executor.answers import Held, Outbox
 from servex.executor.batch_runs import BatchRuns
 from servex.executor.batching import BatchingOptions
 from servex.executor.cost_model import COMPUTE_BOUND_RUNS, GraphCost
-from servex.executor.metrics import SCHEDULER_THREADS, RunMetrics, forget_choices, show_choice
+from servex.executor.metrics import RunMetrics, forget_choices, show_choice
 from servex.executor.pacing import Pacing
 from servex.executor.work import DEFAULT_TICKET, DeadlineExceeded, GraphCosts, Ticket, WorkItem, input_bytes, saturated
 from servex.loader.errors import ResourceExhausted
@@ -76,10 +76,9 @@ class RunHandler(BatchRuns, Pacing):
         # this many bytes (0: no bound); the server passes its message size limit.
         self.max_padded_batch_bytes = max_padded_batch_bytes
         # Automatic batching: each executor's GraphCosts by (feeds, fetches, pin), gone with the executor (and their
-        # gauges with them). ``intra_op_threads``: TensorFlow's intra-op pool, which every run may use.
+        # gauges with them). ``intra_op_threads``: the intra-op threads of each version's session.
         self._costs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.intra_op_threads = intra_op_threads
-        SCHEDULER_THREADS.set(intra_op_threads)
         # Automatic batching runs a compute-bound graph ``compute_bound_runs`` times at once (cost_model.py), on
         # more threads than ``num_workers`` where need be, started once a graph is found compute-bound (an idle
         # worker would be woken by every submit in vain while a call-bound graph runs on the others); a call-bound

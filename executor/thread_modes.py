@@ -14,8 +14,9 @@ Three modes:
   104 against 100, 33 against 32, 35 against 34).
 
 A small graph always runs on its worker (handing its ops over costs more than they take; the second session would
-cost memory for nothing). A compute-bound one tries the modes it may take in turns, until ``TRIALS`` runs of each at
-one batch-size bucket were seen (after ``WARM``), then keeps the fastest, another than its worker only where it
+cost memory for nothing). A compute-bound one tries the modes it may take in turns (one thread only where its worker's
+lone runs left the cores idle enough: ``ONE_THREAD_BUSY``), until ``TRIALS`` runs of each at one batch-size bucket
+were seen (after ``WARM``), then keeps the fastest, another than its worker only where it
 saves ``GAIN`` of the time. On 2 cores the worker and the pool came within 4% of each other on every model
 measured (one process, both callables warm, run in turns, medians): DenseNet-121 51.6 ms an image on the pool
 against 53.5 on its worker, ResNet-50 53.0 and 54.0, EfficientNetB0 24.5 and 25.0, MobileNetV2 16.7 and 16.6, the
@@ -38,6 +39,14 @@ from servex.executor.cost_model import COMPUTE_BOUND_SECONDS, bucket
 log = logging.getLogger(__name__)
 
 WORKER, POOL, ONE_THREAD = "worker", "pool", "one_thread"
+# One thread is tried only where a lone run on its worker kept fewer cores than this busy (the process's CPU time
+# over the run's wall time, the median of ``BUSY_RUNS`` runs): one thread then takes about 0.55-0.8 of that CPU
+# time (measured, 2 cores: the encoder kept 1.15 cores busy, EfficientNetB0 1.50, MobileNetV2 1.51, and each ran
+# faster on one thread; DenseNet-121 1.63, as fast; ResNet-50 1.80, 35-50% slower). A model whose ops use the cores
+# is not made to run its trial's runs on one thread: ResNet-50's ten took 75 ms against 50, and raised its mean
+# latency over a first 5 s at 1 caller by a tenth.
+ONE_THREAD_BUSY = 1.7
+BUSY_RUNS = 3
 _WHERE = {WORKER: "its run worker", POOL: "TensorFlow's inter-op pool", ONE_THREAD: "one intra-op thread"}
 
 
@@ -54,18 +63,27 @@ class ThreadModeChooser:
 
     def __init__(self, name: str = "", modes: Sequence[str] = (WORKER, POOL)):
         self.name = name
-        self.modes = [WORKER, *(m for m in modes if m != WORKER)]  # the first run on its worker: a small graph is
-        # told at once, with nothing else made
+        # The first run on its worker: a small graph is told at once, with nothing else made. One thread joins once
+        # the worker's runs showed how busy they keep the cores.
+        self.modes = [WORKER, *(m for m in modes if m not in (WORKER, ONE_THREAD))]
+        self._gated = ONE_THREAD in modes
+        self._busy: list[float] = []  # cores a lone run on its worker kept busy
+        self.busy_cores: float | None = None  # their median, once measured
         self.mode: str | None = None  # None: not decided yet
         self._samples: dict[tuple[int, str], list[float]] = {}
-        self._warm = dict.fromkeys(self.modes, 0)  # runs of each mode so far, up to WARM
+        self._warm = dict.fromkeys([WORKER, *modes], 0)  # runs of each mode so far, up to WARM
         self._turn = -1
         self._lock = threading.Lock()
 
     @property
     def runs(self) -> int:
         """Runs alone before the choice, at most (of a graph whose runs are all of one bucket)."""
-        return len(self.modes) * (self.WARM + self.TRIALS)
+        return (len(self.modes) + self._gated) * (self.WARM + self.TRIALS)
+
+    @property
+    def gated(self) -> bool:
+        """Whether one thread waits for the worker's busy cores (``record``'s ``busy``)."""
+        return self._gated
 
     def pick(self) -> str:
         """The mode of the next lone run."""
@@ -77,16 +95,21 @@ class ThreadModeChooser:
     def drop(self, mode: str) -> None:
         """``mode`` cannot be had (its callable or session could not be made): try the others."""
         with self._lock:
-            if mode in self.modes and mode != WORKER and self.mode is None:
+            if self.mode is not None or mode == WORKER:
+                return
+            if mode == ONE_THREAD:
+                self._gated = False
+            if mode in self.modes:
                 self.modes.remove(mode)
-                for b in {b for b, _ in self._samples}:
-                    if self._decide(b):
-                        break
-                if self.modes == [WORKER] and self.mode is None:
-                    self.mode = WORKER
+            for b in {b for b, _ in self._samples}:
+                if self._decide(b):
+                    return
+            if self.modes == [WORKER] and not self._gated:
+                self.mode = WORKER
 
-    def record(self, mode: str, rows: int, seconds: float) -> None:
-        """A lone run of ``rows`` rows took ``seconds`` in ``mode``."""
+    def record(self, mode: str, rows: int, seconds: float, busy: float | None = None) -> None:
+        """A lone run of ``rows`` rows took ``seconds`` in ``mode``; ``busy``: the cores it kept busy (a run on its
+        worker, where nothing else of the process ran)."""
         if self.mode is not None:
             return
         rows = max(rows, 1)
@@ -96,6 +119,16 @@ class ThreadModeChooser:
             if seconds < COMPUTE_BOUND_SECONDS and mode == WORKER:
                 self.mode = WORKER  # a small graph: on its worker
                 return
+            if busy is not None and mode == WORKER and self._gated:
+                self._busy.append(busy)
+                if len(self._busy) >= BUSY_RUNS:
+                    self._gated = False
+                    cores = self.busy_cores = float(np.median(self._busy))
+                    if cores < ONE_THREAD_BUSY:
+                        self.modes.append(ONE_THREAD)
+                        self._warm[ONE_THREAD] = 0
+                    log.debug("client graph %s: a lone run kept %.2f cores busy: one thread %s", self.name, cores,
+                              "tried" if cores < ONE_THREAD_BUSY else "not tried")  # fmt: skip
             if self._warm[mode] < self.WARM:
                 self._warm[mode] += 1
                 return
@@ -105,6 +138,8 @@ class ThreadModeChooser:
 
     def _decide(self, b: int) -> bool:
         """Choose once every mode has ``TRIALS`` runs at bucket ``b`` (the lock is held)."""
+        if self._gated:
+            return False
         medians = {}
         for mode in self.modes:
             samples = self._samples.get((b, mode), [])
@@ -116,6 +151,8 @@ class ThreadModeChooser:
             best = WORKER  # a tie stays on the worker, which hands nothing over and holds no second session
         self.mode = best
         shown = ", ".join(f"{1000 * s:.1f} ms on {_WHERE[m]}" for m, s in medians.items() if m != best)
+        if self.busy_cores is not None:
+            shown += f"; its lone runs on its worker kept {self.busy_cores:.2f} cores busy"
         log.info("client graph %s runs on %s (%.1f ms a row there; %s)", self.name, _WHERE[best],
                  1000 * medians[best], shown)  # fmt: skip
         return True

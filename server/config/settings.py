@@ -327,9 +327,10 @@ class ServerSettings:
     tensorflow_intra_op_parallelism: int = flag(
         0,
         TENSORFLOW,
-        "TensorFlow intra-op threads, one pool for the process (default 0: one per core servex may use, by "
-        "its CPU affinity and cgroup quota); 1 runs each op on the run worker alone, which serves models of many "
-        "small ops faster (docs/scheduling.md, Cores)",
+        "TensorFlow intra-op threads (default 0: one per core servex may use, by its CPU affinity and cgroup "
+        "quota, in a pool per model version, and a second session of one thread for client graphs found faster "
+        "there: docs/scheduling.md, Cores); set, one pool for the process, of that many threads, and no second "
+        "session",
         flag_default=None,
         doc_default="0 (the cores)",
         tfserving=True,

@@ -149,7 +149,7 @@ def test_with_one_compute_bound_run_a_graph_runs_one_run_at_a_time_in_batches_an
     assert gauge("servex_scheduler_compute_bound", labels) == 1
     assert gauge("servex_scheduler_concurrency", labels) == 1
     assert 1 <= gauge("servex_scheduler_batch_limit", labels) <= 32
-    assert gauge("servex_scheduler_intra_op_threads", {}) == 2
+    assert gauge("servex_scheduler_intra_op_threads", labels) == 2  # its version session's
 
 
 def test_a_compute_bound_graph_runs_twice_at_once_on_a_worker_started_for_it():
@@ -234,10 +234,10 @@ def test_each_batch_reports_the_rows_that_waited_for_its_graph_when_it_was_taken
         (cost,) = handler._costs[executor].graphs.values()
         observe = cost.observe
 
-        def recording(n, seconds, at_once=1.0, waiting=0, ended=None):
+        def recording(n, seconds, at_once=1.0, waiting=0, ended=None, one_thread=False):
             if waiting:  # (the first batch's check runs its requests alone too: those report none)
                 seen.append((n, waiting))
-            return observe(n, seconds, at_once, waiting, ended)
+            return observe(n, seconds, at_once, waiting, ended, one_thread)
 
         cost.observe = recording
         busy.release.set()

@@ -61,7 +61,19 @@ def test_a_call_bound_graph_runs_on_every_worker_and_batches_to_the_maximum():
     # A small MLP: 0.1 ms a run whatever its size up to 32 rows (the per-row cost keeps falling).
     cost = GraphCost(max_batch_size=32, workers=4, threads=2)
     feed(cost, lambda rows: 0.0001 + 0.000002 * rows, SIZES)
-    assert cost.choice == Choice(compute_bound=False, concurrency=4, batch_limit=32)
+    assert cost.choice == Choice(compute_bound=False, concurrency=4, batch_limit=32, threads=2)
+
+
+def test_the_choice_says_the_threads_its_runs_use():
+    # Its version's session's threads, until its runs go in the version's one-thread session (thread_modes.py).
+    changes = []
+    cost = GraphCost(max_batch_size=32, workers=1, threads=2, on_change=changes.append)
+    feed(cost, lambda rows: 0.010 * rows, (1,), rounds=DECIDE_EVERY)
+    assert cost.choice.threads == 2 and "2 intra-op threads per run" in cost.choice.describe()
+    for _ in range(DECIDE_EVERY):
+        cost.observe(1, 0.008, one_thread=True)
+    assert cost.choice.threads == 1 and changes[-1].threads == 1
+    assert "1 intra-op thread per run" in cost.choice.describe()
 
 
 def test_a_mixed_graph_is_compute_bound_when_one_row_costs_more_than_the_call():

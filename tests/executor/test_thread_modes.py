@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from servex.executor.thread_modes import ONE_THREAD, POOL, WORKER, ThreadModeChooser
+from servex.executor.thread_modes import BUSY_RUNS, ONE_THREAD, ONE_THREAD_BUSY, POOL, WORKER, ThreadModeChooser
 
 MODES = (WORKER, POOL, ONE_THREAD)
 
 
-def chosen(seconds: dict[str, float], rows: int = 1) -> tuple[str | None, list[str]]:
-    """Run a ThreadModeChooser of ``seconds``' modes to its decision on fixed run times; its choice and the modes
-    it tried, in order."""
+def chosen(seconds: dict[str, float], rows: int = 1, busy: float = 1.2) -> tuple[str | None, list[str]]:
+    """Run a ThreadModeChooser of ``seconds``' modes to its decision on fixed run times, its worker's runs keeping
+    ``busy`` cores busy; its choice and the modes it tried, in order."""
     chooser = ThreadModeChooser("g", tuple(seconds))
     tried = []
     for _ in range(2 * chooser.runs):
@@ -17,7 +17,7 @@ def chosen(seconds: dict[str, float], rows: int = 1) -> tuple[str | None, list[s
             break
         mode = chooser.pick()
         tried.append(mode)
-        chooser.record(mode, rows, seconds[mode])
+        chooser.record(mode, rows, seconds[mode], busy if mode == WORKER else None)
     return chooser.mode, tried
 
 
@@ -28,12 +28,29 @@ def test_a_small_graph_stays_on_its_worker_after_one_run():
 def test_a_compute_bound_graph_tries_each_mode_in_turns_and_keeps_the_fastest():
     mode, tried = chosen({WORKER: 0.012, POOL: 0.013, ONE_THREAD: 0.010})  # encoder-like
     assert mode == ONE_THREAD
-    assert tried[:3] == [WORKER, POOL, ONE_THREAD]
+    # One thread joins once the worker's first runs showed the cores it keeps busy.
+    assert tried[: 2 * BUSY_RUNS] == [WORKER, POOL] * BUSY_RUNS and tried[2 * BUSY_RUNS] == ONE_THREAD
     each = ThreadModeChooser.WARM + ThreadModeChooser.TRIALS
-    assert tried.count(WORKER) == tried.count(POOL) == tried.count(ONE_THREAD) == each
+    assert tried.count(ONE_THREAD) == each and tried.count(WORKER) >= each and tried.count(POOL) >= each
     assert chosen({WORKER: 0.018, POOL: 0.015})[0] == POOL  # MobileNetV2-like, without a second session
     assert chosen({WORKER: 0.054, POOL: 0.053, ONE_THREAD: 0.071})[0] == WORKER  # ResNet-50-like: within 5%
     assert chosen({WORKER: 0.060, POOL: 0.053, ONE_THREAD: 0.071})[0] == POOL
+
+
+def test_one_thread_is_not_tried_where_the_worker_keeps_the_cores_busy():
+    # ResNet-50-like: its ops use both cores, and one thread would take far longer; its trial runs are spared.
+    mode, tried = chosen({WORKER: 0.054, POOL: 0.053, ONE_THREAD: 0.071}, busy=1.8)
+    assert mode == WORKER and ONE_THREAD not in tried
+    assert chosen({WORKER: 0.012, POOL: 0.013, ONE_THREAD: 0.010}, busy=ONE_THREAD_BUSY + 0.1)[0] == WORKER
+    # Until the worker's runs were measured (none yet where a callable was being made beside them), no choice.
+    chooser = ThreadModeChooser("g", MODES)
+    for _ in range(3 * chooser.runs):
+        chooser.record(WORKER, 1, 0.020)
+        chooser.record(POOL, 1, 0.015)
+    assert chooser.mode is None and chooser.gated
+    for _ in range(BUSY_RUNS):
+        chooser.record(WORKER, 1, 0.020, busy=1.9)
+    assert chooser.mode == POOL and not chooser.gated
 
 
 def test_another_mode_must_save_its_gain():
@@ -52,9 +69,10 @@ def test_each_modes_first_runs_are_left_out():
         cold = runs[mode] < ThreadModeChooser.WARM
         runs[mode] += 1
         fast = mode == ONE_THREAD
-        chooser.record(mode, 1, (0.020 if fast else 0.013) if cold else (0.010 if fast else 0.0123))
+        seconds = (0.020 if fast else 0.013) if cold else (0.010 if fast else 0.0123)
+        chooser.record(mode, 1, seconds, 1.1 if mode == WORKER else None)
     assert chooser.mode == ONE_THREAD
-    assert runs == {WORKER: chooser.runs // 2, ONE_THREAD: chooser.runs // 2}
+    assert runs[ONE_THREAD] == chooser.runs // 2 and runs[WORKER] >= chooser.runs // 2
 
 
 def test_runs_of_other_batch_sizes_are_not_compared():
@@ -70,9 +88,9 @@ def test_a_mode_that_cannot_be_had_is_dropped():
     # the others decide alone, at once where they have been seen enough.
     chooser = ThreadModeChooser("g", MODES)
     for _ in range(ThreadModeChooser.WARM + ThreadModeChooser.TRIALS):
-        chooser.record(WORKER, 1, 0.020)
+        chooser.record(WORKER, 1, 0.020, busy=1.2)
         chooser.record(POOL, 1, 0.015)
-    assert chooser.mode is None  # still waiting for the one-thread runs
+    assert chooser.mode is None and not chooser.gated  # still waiting for the one-thread runs
     chooser.drop(ONE_THREAD)
     assert chooser.mode == POOL and chooser.modes == [WORKER, POOL]
     alone = ThreadModeChooser("g", (WORKER, ONE_THREAD))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,7 @@ import tensorflow as tf
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from servex.executor.cost_model import COMPUTE_BOUND_RUNS
-from servex.executor.thread_modes import ThreadModeChooser
+from servex.executor.thread_modes import ONE_THREAD_BUSY, ThreadModeChooser
 from servex.server.cores import usable_cores
 from tests.support.daemon import metric
 
@@ -99,13 +100,15 @@ def test_one_request_of_a_compute_bound_model_runs_on_every_core(start_daemon, c
     daemon = start_daemon("--model_name=conv", f"--model_base_path={conv_model}", spare=False)
     stub = service_pb2_grpc.GRPCInferenceServiceStub(daemon.channel)
     assert busy_threads(daemon, stub) >= min(cores, 2)
-    if cores > 1:  # its lone runs were tried in each mode, the one-thread session's among them, before the choice
+    if cores > 1:  # its lone runs' modes were tried; one thread only where its worker's runs left cores idle
         (chosen,) = [line for line in daemon.log().splitlines() if "runs on" in line and "client graph" in line]
-        assert "ms on one intra-op thread" in chosen or "runs on one intra-op thread" in chosen
+        busy = float(re.search(r"kept ([0-9.]+) cores busy", chosen).group(1))
+        assert 0 < busy <= cores + 0.5
+        assert ("one intra-op thread" in chosen) == (busy < ONE_THREAD_BUSY)
     labels = {"model": "conv", "version": "1", "signature": "serving_default"}
     assert metric(daemon, "servex_scheduler_compute_bound", **labels) == 1
     assert metric(daemon, "servex_scheduler_concurrency", **labels) == COMPUTE_BOUND_RUNS
-    assert metric(daemon, "servex_scheduler_intra_op_threads") == cores
+    assert metric(daemon, "servex_scheduler_intra_op_threads", **labels) == cores
 
     # Under load, its requests run in batches (two at a time, each spread over every core).
     before = metric(daemon, "servex_batch_size_count", model="conv")
@@ -152,3 +155,62 @@ def test_runs_at_once_of_a_compute_bound_model_follow_the_flag(start_daemon, con
     assert metric(daemon, "servex_batch_size_bucket", model="conv", le="1.0") < metric(
         daemon, "servex_batch_size_count", model="conv"
     )
+
+
+@pytest.fixture(scope="module")
+def loop_model(tmp_path_factory) -> Path:
+    """A graph of many small ops (random weights): float32 ``x`` [None,128] -> ``h`` [None,128], 300 steps of
+    h = tanh(h W + x); a run of one row is a few milliseconds of ops too small to split over threads."""
+    tf.random.set_seed(1)
+    weights = tf.Variable(tf.random.normal((128, 128), stddev=0.05))
+
+    class Loop(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.weights = weights
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 128], tf.float32, name="x")])
+        def serve(self, x):
+            h = tf.while_loop(lambda i, h: i < 300, lambda i, h: (i + 1, tf.tanh(h @ self.weights + x)), (0, x))[1]
+            return {"h": h}
+
+    base = tmp_path_factory.mktemp("loop") / "loop"
+    module = Loop()
+    tf.saved_model.save(module, str(base / "1"), signatures={"serving_default": module.serve})
+    return base
+
+
+@pytest.mark.skipif(usable_cores() < 2, reason="one core: no second session to try")
+def test_a_graph_of_small_ops_tries_one_thread_in_a_second_session(start_daemon, loop_model):
+    # Its lone runs leave the cores idle: servex makes the version's one-thread session and tries it; whichever mode
+    # wins, the answers are TensorFlow's own and the gauge says the threads its runs use.
+    daemon = start_daemon("--model_name=loop", f"--model_base_path={loop_model}")
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(daemon.channel)
+    rng = np.random.default_rng(3)
+    inputs, answers, chosen = [], [], []
+
+    def infer() -> None:
+        x = rng.random((1, 128), dtype=np.float32)
+        req = service_pb2.ModelInferRequest(model_name="loop")
+        req.inputs.add(name="x", datatype="FP32", shape=x.shape)
+        req.raw_input_contents.append(x.tobytes())
+        inputs.append(x)
+        answers.append(np.frombuffer(stub.ModelInfer(req, timeout=60).raw_output_contents[0], np.float32))
+
+    while not chosen and len(inputs) < 400:  # one request at a time until the choice is logged
+        for _ in range(10):
+            infer()
+        chosen = [line for line in daemon.log().splitlines() if "runs on" in line and "client graph" in line]
+    for _ in range(10):  # after it
+        infer()
+    log_text = daemon.log()
+    assert len(chosen) == 1 and "one intra-op thread" in chosen[0], log_text[-3000:]
+    assert "a second session of the version made" in log_text
+    one_thread = "runs on one intra-op thread" in chosen[0]
+    assert one_thread != ("the session with one intra-op thread closed" in log_text)  # kept, or given back
+    labels = {"model": "loop", "version": "1", "signature": "serving_default"}
+    if metric(daemon, "servex_scheduler_compute_bound", **labels) == 1:  # its choice made (after 8 runs)
+        assert metric(daemon, "servex_scheduler_intra_op_threads", **labels) == (1 if one_thread else usable_cores())
+    model = tf.saved_model.load(str(loop_model / "1")).signatures["serving_default"]
+    for i in (0, len(inputs) // 2, len(inputs) - 1):  # in the trial, in either session, and after it
+        np.testing.assert_allclose(answers[i], model(x=tf.constant(inputs[i]))["h"].numpy()[0], rtol=1e-4, atol=1e-5)
