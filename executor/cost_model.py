@@ -139,7 +139,8 @@ class GraphCost:
         self.max_batch_size = max_batch_size
         self.workers = workers  # runs at once of a call-bound graph
         self.threads = threads  # TensorFlow's intra-op threads of its version's session
-        self.run_threads = threads  # those its last run used (1 in the version's one-thread session)
+        self.run_threads = threads  # those its runs use (1 in the version's one-thread session: most of the last)
+        self._one_thread = deque(maxlen=WINDOW)  # whether each of the last runs went in the one-thread session
         self.name = name  # for the log line
         self.on_change = on_change
         self._lock = threading.Lock()
@@ -178,7 +179,8 @@ class GraphCost:
         in the version's one-thread session (thread_modes.py)."""
         if rows < 1 or seconds < 0:
             return None
-        self.run_threads = 1 if one_thread else self.threads
+        self._one_thread.append(one_thread)
+        self.run_threads = 1 if 2 * sum(self._one_thread) > len(self._one_thread) else self.threads
         ended = time.monotonic() if ended is None else ended
         with self._lock:
             shared = at_once >= SHARED
@@ -193,11 +195,11 @@ class GraphCost:
             tried = None
             if self.choice.compute_bound:  # how many of its runs go at once: learned by trial (runs_at_once.py)
                 tried = self.runs.observe(rows, max(waiting, rows), ended - seconds, ended, self.running)
-                self.concurrency = self.runs.now
+                self.concurrency = self._at_once(self.runs.now)
             if tried is None and self._runs % DECIDE_EVERY and self._runs != MIN_SAMPLES:  # a first choice soon
                 return None
             choice = self._decide()
-            self.concurrency = self.runs.now if choice.compute_bound else choice.concurrency
+            self.concurrency = self._at_once(self.runs.now) if choice.compute_bound else choice.concurrency
             if choice == self.choice:
                 return None
             self.choice = choice
@@ -224,6 +226,12 @@ class GraphCost:
         sizes = {b: "1" if b == 0 else f"{1 << b}-{(2 << b) - 1}" for b in seen}
         shown = ", ".join(f"{sizes[b]} rows {seen[b] * 1000:.2f} ms" for b in sorted(seen)) or "none yet"
         return f"a row's time, runs {'shared' if shared else 'alone'}: {shown}"
+
+    def _at_once(self, runs: int) -> int:
+        """A compute-bound graph's runs at once: ``runs`` (its trial's), each over its version's intra-op pool; where
+        its runs go in the one-thread session, as many as the pool has threads (the cores): 16 on 16 cores, not
+        two one-thread runs."""
+        return max(runs, self.threads) if self.run_threads == 1 < self.threads else runs
 
     def _sharing(self) -> bool:
         return 2 * sum(self._shared) > len(self._shared)
@@ -255,11 +263,16 @@ class GraphCost:
             compute_bound = one_row >= COMPUTE_BOUND_SECONDS / 2
         else:
             compute_bound = one_row >= COMPUTE_BOUND_SECONDS
-        concurrency = self.runs.chosen if compute_bound else self.workers
+        concurrency = self._at_once(self.runs.chosen) if compute_bound else self.workers
         if not compute_bound:  # the call is the cost: a larger batch only saves hand-offs
             return Choice(False, concurrency, self.max_batch_size, self.run_threads)
         if not seen or self.runs.trying:  # during a trial of runs at once, its runs are of either kind
             return Choice(True, concurrency, self.choice.batch_limit, self.run_threads)
+        if self.run_threads == 1 < self.threads:
+            # Runs on one thread: a row's time barely falls with the batch (MobileNetV2's 1, 2-3 and 4-7-row runs
+            # within 7% of each other, in either order), so a knee is noise, and a limit that fell to 1 row and rose
+            # again made p99 three times p50 at 32 callers. Larger batches save a hand-off per row: the maximum.
+            return Choice(True, concurrency, self.max_batch_size, self.run_threads)
         best = min(seen.values())
         knee = min(b for b, s in seen.items() if s <= best * (1 + KNEE_TOLERANCE))
         if max(seen) < knee + KNEE_SPAN and not self._covers_max(seen):

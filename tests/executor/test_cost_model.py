@@ -65,15 +65,23 @@ def test_a_call_bound_graph_runs_on_every_worker_and_batches_to_the_maximum():
 
 
 def test_the_choice_says_the_threads_its_runs_use():
-    # Its version's session's threads, until its runs go in the version's one-thread session (thread_modes.py).
+    # Its version's session's threads, until most of its runs go in the version's one-thread session
+    # (thread_modes.py): then as many runs at once as that session's pool would have had threads, and batches to
+    # the maximum (a one-thread run's time per row barely falls with the batch: a knee would be noise).
     changes = []
-    cost = GraphCost(max_batch_size=32, workers=1, threads=2, on_change=changes.append)
+    cost = GraphCost(max_batch_size=32, workers=1, threads=4, on_change=changes.append)
     feed(cost, lambda rows: 0.010 * rows, (1,), rounds=DECIDE_EVERY)
-    assert cost.choice.threads == 2 and "2 intra-op threads per run" in cost.choice.describe()
-    for _ in range(DECIDE_EVERY):
-        cost.observe(1, 0.008, one_thread=True)
-    assert cost.choice.threads == 1 and changes[-1].threads == 1
+    assert cost.choice.threads == 4 and "4 intra-op threads per run" in cost.choice.describe()
+    assert cost.choice.compute_bound and cost.choice.concurrency == 1
+    for i in range(2 * DECIDE_EVERY):
+        rows = 1 << (i % 4)
+        cost.observe(rows, 0.008 * rows * (1 + 0.01 * (i % 3)), one_thread=True)  # flat, with noise
+    assert cost.choice == Choice(True, 4, 32, 1) and changes[-1].threads == 1
     assert "1 intra-op thread per run" in cost.choice.describe()
+    cost.observe(1, 0.008)  # one stray run on the version's session (a trial's): the choice stands
+    for _ in range(DECIDE_EVERY - 1):
+        cost.observe(1, 0.008, one_thread=True)
+    assert cost.choice.threads == 1
 
 
 def test_a_mixed_graph_is_compute_bound_when_one_row_costs_more_than_the_call():
