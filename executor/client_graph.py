@@ -26,10 +26,6 @@ log = logging.getLogger(__name__)
 
 Key = tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]
 
-# The threads that run one-thread sessions' runs, and nothing else. TensorFlow keeps its oneDNN kernels (a
-# convolution's, a matrix product's) in a cache per thread, keyed by the op's shapes and not by the threads they were
-# planned for: a thread that ran a graph on two threads then ran MobileNetV2's one-thread session in 20.6 ms a
-# request, a fresh thread in 12.5 (the two-thread session: 16.0-17.5).
 _RAN = threading.local()
 
 
@@ -39,6 +35,10 @@ def ran_on_one_thread() -> bool:
     return getattr(_RAN, "one_thread", False)
 
 
+# The threads that run one-thread sessions' runs, and nothing else. TensorFlow keeps its oneDNN kernels (a
+# convolution's, a matrix product's) in a cache per thread, keyed by the op's shapes and not by the threads they were
+# planned for: a thread that ran a graph on two threads then ran MobileNetV2's one-thread session in 20.6 ms a
+# request, a fresh thread in 12.5 (the two-thread session: 16.0-17.5).
 ONE_THREAD_RUNS = ThreadPoolExecutor(max_workers=max(2, len(os.sched_getaffinity(0))), thread_name_prefix="servex-one")
 
 
@@ -151,8 +151,8 @@ class LoadedClientGraph:
             self._made[mode] = fn
 
     def _settle(self, chosen: str) -> None:
-        """The mode is chosen: let go of the other modes' callables, and of the one-thread session unless chosen
-        (once no run is in it)."""
+        """The mode is chosen: let go of the one-thread session's callable and share unless chosen (once no run is in
+        it)."""
         release, self._release = self._release, None
         if chosen == ONE_THREAD or release is None:
             return

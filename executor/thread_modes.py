@@ -40,13 +40,14 @@ log = logging.getLogger(__name__)
 
 WORKER, POOL, ONE_THREAD = "worker", "pool", "one_thread"
 # One thread is tried only where a lone run on its worker kept fewer cores than this busy (the process's CPU time
-# over the run's wall time, the median of ``BUSY_RUNS`` runs): one thread then takes about 0.55-0.8 of that CPU
-# time (measured, 2 cores: the encoder kept 1.15 cores busy, EfficientNetB0 1.50, MobileNetV2 1.51, and each ran
-# faster on one thread; DenseNet-121 1.63, as fast; ResNet-50 1.80, 35-50% slower). A model whose ops use the cores
-# is not made to run its trial's runs on one thread: ResNet-50's ten took 75 ms against 50, and raised its mean
-# latency over a first 5 s at 1 caller by a tenth.
-ONE_THREAD_BUSY = 1.7
-BUSY_RUNS = 3
+# over the run's wall time, the most of ``BUSY_RUNS`` runs: another process taking a core makes a run longer, not
+# busier): one thread then takes about 0.55-0.8 of that CPU time (measured, 2 cores: the encoder kept 1.06-1.15
+# cores busy, EfficientNetB0 1.41-1.50, MobileNetV2 1.23-1.51, and each ran faster on one thread; DenseNet-121 1.63,
+# as fast; ResNet-50 1.79-1.80, 35-50% slower, and once 1.66 in a median of three). A model whose ops use the cores
+# is not made to run its trial's runs on one thread: ResNet-50's ten took 75-82 ms against 50-55, and raised its
+# mean latency over a first 5 s at 1 caller by a tenth to a third.
+ONE_THREAD_BUSY = 1.65
+BUSY_RUNS = 4
 _WHERE = {WORKER: "its run worker", POOL: "TensorFlow's inter-op pool", ONE_THREAD: "one intra-op thread"}
 
 
@@ -68,7 +69,7 @@ class ThreadModeChooser:
         self.modes = [WORKER, *(m for m in modes if m not in (WORKER, ONE_THREAD))]
         self._gated = ONE_THREAD in modes
         self._busy: list[float] = []  # cores a lone run on its worker kept busy
-        self.busy_cores: float | None = None  # their median, once measured
+        self.busy_cores: float | None = None  # the most of them, once measured
         self.mode: str | None = None  # None: not decided yet
         self._samples: dict[tuple[int, str], list[float]] = {}
         self._warm = dict.fromkeys([WORKER, *modes], 0)  # runs of each mode so far, up to WARM
@@ -123,7 +124,7 @@ class ThreadModeChooser:
                 self._busy.append(busy)
                 if len(self._busy) >= BUSY_RUNS:
                     self._gated = False
-                    cores = self.busy_cores = float(np.median(self._busy))
+                    cores = self.busy_cores = max(self._busy)
                     if cores < ONE_THREAD_BUSY:
                         self.modes.append(ONE_THREAD)
                         self._warm[ONE_THREAD] = 0
