@@ -41,12 +41,12 @@ log = logging.getLogger(__name__)
 WORKER, POOL, ONE_THREAD = "worker", "pool", "one_thread"
 # One thread is tried only where a lone run on its worker kept fewer cores than this busy (the process's CPU time
 # over the run's wall time, the most of ``BUSY_RUNS`` runs: another process taking a core makes a run longer, not
-# busier): one thread then takes about 0.55-0.8 of that CPU time (measured, 2 cores: the encoder kept 1.06-1.15
-# cores busy, EfficientNetB0 1.41-1.50, MobileNetV2 1.23-1.51, and each ran faster on one thread; DenseNet-121 1.63,
-# as fast; ResNet-50 1.79-1.80, 35-50% slower, and once 1.66 in a median of three). A model whose ops use the cores
-# is not made to run its trial's runs on one thread: ResNet-50's ten took 75-82 ms against 50-55, and raised its
-# mean latency over a first 5 s at 1 caller by a tenth to a third.
-ONE_THREAD_BUSY = 1.65
+# busier): one thread then takes about 0.55-0.8 of that CPU time. Measured on 2 cores: the encoder kept 1.06-1.19
+# cores busy, EfficientNetB0 1.41-1.53, MobileNetV2 1.23-1.51, and each ran faster on one thread; DenseNet-121
+# 1.63-1.65, as fast there (its trial cost its mean latency over the first 5 s at 1 caller 15%); ResNet-50
+# 1.79-1.82, 35-50% slower (its trial's ten runs took 75-82 ms against 50-55; once, disturbed, a median of three
+# of its runs read 1.66, and its first 5 s at 1 caller took a third longer).
+ONE_THREAD_BUSY = 1.6
 BUSY_RUNS = 4
 _WHERE = {WORKER: "its run worker", POOL: "TensorFlow's inter-op pool", ONE_THREAD: "one intra-op thread"}
 
