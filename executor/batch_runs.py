@@ -41,6 +41,9 @@ class BatchRuns:
         most = outbox.credit if paced else math.inf  # requests in the batch
         batching = item.args[3]
         limit = item.cost.batch_limit() if item.cost is not None else batching.max_batch_size
+        if item.cost is not None and rows < limit and item.cost.in_lanes():  # its lane's share (cost_model.py)
+            queued = rows + sum(other.rows for other in queue if other.batch_key == item.batch_key)
+            limit = min(limit, item.cost.lane_share(queued))
         bounded = batching.pad_variable_length_inputs and self.max_padded_batch_bytes
         padded = PaddedBatch.of(item) if bounded else None  # padding's byte bound: what the batch holds
         left = 0  # rows of the graph's requests left queued
@@ -67,6 +70,7 @@ class BatchRuns:
                 rows += other.rows
         if item.cost is not None:
             item.cost.waiting = rows + left  # the load on the graph, for its runs at once (runs_at_once.py)
+            item.cost.running_rows += rows  # until its run is over (RunHandler._work)
 
     def _over_padded_bytes(self, padded: PaddedBatch, batching: BatchingOptions, feeds: dict) -> bool:
         """Whether a batch padded as ``padded`` says (inputs like ``feeds``) would hold more than

@@ -429,6 +429,8 @@ class RunHandler(BatchRuns, Pacing):
             if cost is not None:
                 with self._mutex:
                     cost.running -= 1
+                    if batch[0].batch_key is not None:
+                        cost.running_rows -= sum(item.rows for item in batch)
                     if self._waiting:  # one may wait for this graph's run to end
                         self._cond.notify()
             kind.last_run = time.monotonic() - started

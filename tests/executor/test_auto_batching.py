@@ -250,3 +250,44 @@ def test_each_batch_reports_the_rows_that_waited_for_its_graph_when_it_was_taken
         handler.close()
     assert [r[0].tolist() for r in results] == [(v * 2).tolist() for v in rows(10)]
     assert seen == [(4, 10), (4, 6), (2, 2)]
+
+
+class Meeting(Doubler):
+    """Each run waits (up to 10 s) until ``parties`` runs are going at once, so that two workers' batches are taken
+    while the other's run goes."""
+
+    def __init__(self, parties: int):
+        super().__init__()
+        self.barrier = threading.Barrier(parties, timeout=10)
+
+    def run(self, feeds, fetches, targets=(), graph_name="", pin=False, alone=True):
+        result = super().run(feeds, fetches)
+        self.barrier.wait()
+        return result
+
+
+def test_a_graph_in_one_thread_lanes_splits_its_queued_rows_between_its_lanes():
+    # Ten rows queued for a graph whose runs go in the one-thread session two at once: each worker's batch takes
+    # its lane's share (5), not every queued row (which would leave the other lane idle: the barrier breaks).
+    handler = RunHandler(2, batching=AUTO, intra_op_threads=2)
+    executor = Meeting(2)
+    ticket = Ticket()
+
+    async def main():
+        first, second = Busy(handler), Busy(handler)
+        await first.wait_started()
+        await second.wait_started()
+        futures = [handler.submit_batchable(executor, {"x": v}, ["y"], False, ticket) for v in rows(10)]
+        (cost,) = handler._costs[executor].graphs.values()
+        cost.observe = lambda *args, **kwargs: None  # its runs in the one-thread session, as learned
+        cost.verified, cost.run_threads, cost.concurrency = True, 1, 2
+        first.release.set()
+        second.release.set()
+        return await asyncio.gather(*futures)
+
+    try:
+        results = run(main())
+    finally:
+        handler.close()
+    assert [r[0].tolist() for r in results] == [(v * 2).tolist() for v in rows(10)]
+    assert executor.runs == [5, 5]

@@ -84,6 +84,23 @@ def test_the_choice_says_the_threads_its_runs_use():
     assert cost.choice.threads == 1
 
 
+def test_a_graph_in_one_thread_lanes_takes_its_lanes_share_of_its_rows():
+    # Runs in the one-thread session, four at once (4 threads): a batch takes its share of the queued rows and those
+    # running in the other lanes, so that no lane takes every row while the others idle.
+    cost = GraphCost(max_batch_size=32, workers=1, threads=4)
+    assert not cost.in_lanes()  # its version's session: batches up to its knee, no share
+    for i in range(2 * DECIDE_EVERY):
+        cost.observe(1 << (i % 4), 0.008 * (1 << (i % 4)), one_thread=True)
+    assert cost.in_lanes() and cost.concurrency == 4
+    assert cost.lane_share(32) == 8
+    assert cost.lane_share(1) == 1  # a lone request runs at once
+    cost.running_rows = 24  # three lanes running 8 rows each
+    assert cost.lane_share(1) == 7 and cost.lane_share(8) == 8
+    for _ in range(DECIDE_EVERY):
+        cost.observe(8, 0.064)  # its runs went back to the version's session
+    assert not cost.in_lanes()
+
+
 def test_a_mixed_graph_is_compute_bound_when_one_row_costs_more_than_the_call():
     # 3 ms per run, flat in rows until 8, then linear: the knee sits at 8.
     cost = GraphCost(max_batch_size=64, workers=3)
