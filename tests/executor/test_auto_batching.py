@@ -19,6 +19,14 @@ from tests.executor.fakes import Busy, Doubler, batched, run
 AUTO = BatchingOptions(max_batch_size=32, auto=True)
 
 
+def served(handler: RunHandler, main):
+    """``main()`` run on a fresh loop, the handler closed after it; what it returned."""
+    try:
+        return run(main())
+    finally:
+        handler.close()
+
+
 class MeanRemover(Doubler):
     """Answers x minus the batch's mean: its rows depend on each other, so batching changes its answers."""
 
@@ -244,10 +252,7 @@ def test_each_batch_reports_the_rows_that_waited_for_its_graph_when_it_was_taken
         await busy.future
         return await asyncio.gather(*futures)
 
-    try:
-        results = run(main())
-    finally:
-        handler.close()
+    results = served(handler, main)
     assert [r[0].tolist() for r in results] == [(v * 2).tolist() for v in rows(10)]
     assert seen == [(4, 10), (4, 6), (2, 2)]
 
@@ -285,9 +290,6 @@ def test_a_graph_in_one_thread_lanes_splits_its_queued_rows_between_its_lanes():
         second.release.set()
         return await asyncio.gather(*futures)
 
-    try:
-        results = run(main())
-    finally:
-        handler.close()
+    results = served(handler, main)
     assert [r[0].tolist() for r in results] == [(v * 2).tolist() for v in rows(10)]
     assert executor.runs == [5, 5]
