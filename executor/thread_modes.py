@@ -119,6 +119,7 @@ class ThreadModeChooser:
                 return
             if seconds < COMPUTE_BOUND_SECONDS and mode == WORKER:
                 self.mode = WORKER  # a small graph: on its worker
+                log.debug("client graph %s runs on its run worker: a lone run took %.2f ms", self.name, 1000 * seconds)
                 return
             if busy is not None and mode == WORKER and self._gated:
                 self._busy.append(busy)

@@ -159,8 +159,10 @@ def test_runs_at_once_of_a_compute_bound_model_follow_the_flag(start_daemon, con
 
 @pytest.fixture(scope="module")
 def loop_model(tmp_path_factory) -> Path:
-    """A graph of many small ops (random weights): float32 ``x`` [None,128] -> ``h`` [None,128], 300 steps of
-    h = tanh(h W + x); a run of one row is a few milliseconds of ops too small to split over threads."""
+    """A graph of many small ops (random weights): float32 ``x`` [None,128] -> ``h`` [None,128], 1,000 steps of
+    h = tanh(h W + x); a run of one row is several milliseconds of ops too small to split over threads (well
+    above thread_modes' small graph, which stays on its worker untried: 300 steps took 2.3 ms, and a run below
+    2 ms on a faster machine ended the trial)."""
     tf.random.set_seed(1)
     weights = tf.Variable(tf.random.normal((128, 128), stddev=0.05))
 
@@ -171,7 +173,7 @@ def loop_model(tmp_path_factory) -> Path:
 
         @tf.function(input_signature=[tf.TensorSpec([None, 128], tf.float32, name="x")])
         def serve(self, x):
-            h = tf.while_loop(lambda i, h: i < 300, lambda i, h: (i + 1, tf.tanh(h @ self.weights + x)), (0, x))[1]
+            h = tf.while_loop(lambda i, h: i < 1000, lambda i, h: (i + 1, tf.tanh(h @ self.weights + x)), (0, x))[1]
             return {"h": h}
 
     base = tmp_path_factory.mktemp("loop") / "loop"
