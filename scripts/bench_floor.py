@@ -105,6 +105,7 @@ def in_process(model_dir: str, rounds: int = 7, requests: int = 19_200) -> None:
     from servex.server.core import ServingCore
     from servex.server.lifecycle import Lifecycle, initial_specs
     from servex.server.protocols.kserve import grpc_api as kserve
+    from servex.server.protocols.kserve.dataplane import DataPlane
 
     class Context:  # what the rpc wrapper reads of a call: no metadata, no deadline
         def invocation_metadata(self):
@@ -123,7 +124,7 @@ def in_process(model_dir: str, rounds: int = 7, requests: int = 19_200) -> None:
         data, context = request.SerializeToString(), Context()
         for batching in (None, BatchingOptions(32)):
             handler = RunHandler(settings.num_run_workers, batching=batching)
-            service = kserve.KServeService(ServingCore(manager, handler, settings.pin_signature_graphs))
+            service = kserve.KServeService(DataPlane(ServingCore(manager, handler, settings.pin_signature_graphs)))
 
             async def caller(n: int, service=service) -> None:
                 for _ in range(n):
