@@ -121,10 +121,7 @@ def test_a_batch_refused_for_one_callers_bad_input_keeps_the_graph_batching():
         await busy.future
         return await asyncio.gather(*futures, return_exceptions=True)
 
-    try:
-        good, bad = run(main())
-    finally:
-        handler.close()
+    good, bad = served(handler, main)
     np.testing.assert_array_equal(good[0], values[0] * 2)
     assert isinstance(bad, InvalidArgument) and "expected shape [1,3], got [2, 3]" in str(bad)
     (cost,) = handler._costs[executor].graphs.values()
@@ -146,10 +143,7 @@ def test_with_one_compute_bound_run_a_graph_runs_one_run_at_a_time_in_batches_an
             await asyncio.sleep(0.001)
         return await asyncio.gather(*futures)
 
-    try:
-        results = run(main())
-    finally:
-        handler.close()
+    results = served(handler, main)
     assert executor.most == 1  # never two runs at once, with three workers free
     assert len(executor.runs) < 3 + 24  # and its requests ran in batches
     assert [r[0].tolist() for r in results] == [(v * 2).tolist() for v in rows(24)]
@@ -219,10 +213,7 @@ def test_a_call_bound_graph_may_run_on_every_worker():
     async def main():
         await handler.submit_batchable(executor, {"x": rows(1)[0]}, ["y"], False, ticket)
 
-    try:
-        run(main())
-    finally:
-        handler.close()
+    served(handler, main)
     labels = {"model": "fast", "version": "1", "signature": "serving_default"}
     assert REGISTRY.get_sample_value("servex_scheduler_compute_bound", labels) == 0
     assert REGISTRY.get_sample_value("servex_scheduler_concurrency", labels) == 3
