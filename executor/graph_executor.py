@@ -30,10 +30,12 @@ from servex.executor.client_graph import FeedSpec, Key, LoadedClientGraph
 from servex.executor.memory import BUILD_BYTES_PER_OP, MEMORY
 from servex.executor.metrics import CacheMetrics
 from servex.executor.op_policy import OpPolicy
-from servex.executor.thread_modes import ONE_THREAD, POOL, ThreadModeChooser
+from servex.executor.thread_modes import ONE_THREAD, POOL, XLA, ThreadModeChooser
+from servex.executor.xla_programs import XlaPrograms
 from servex.loader.errors import InvalidArgument, ServingError, error_with_code
 from servex.loader.saved_model import SavedModelVersion, shape_matches, shape_text, walk
 from servex.loader.variables import PREPARE_POOL
+from servex.loader.xla import compiled_calls
 from servex.transfer import H2DTransferExecutorFactory, make_factory
 
 log = logging.getLogger(__name__)
@@ -103,12 +105,14 @@ class GraphExecutor:
         *,
         transfer: H2DTransferExecutorFactory | None = None,
         run_in_caller_thread: bool = True,
+        xla: bool = True,
         max_entries: int = 0,
         metrics: CacheMetrics | None = None,
     ):
         self.model = model
         self._transfer = transfer or make_factory("cpu")
         self._run_in_caller_thread = run_in_caller_thread
+        self._xla = xla  # compute-bound graphs of TF2 function calls try XLA (loader/xla.py)
         self.max_entries = max_entries
         self._metrics = metrics or CacheMetrics("", "")
         self._lock = threading.Lock()
@@ -243,17 +247,22 @@ class GraphExecutor:
             raise error_with_code(e.error_code, f"cannot build client graph {printed!r}: {e.message}") from e
         finally:
             MEMORY.release(need)
-        chooser = makers = release = None
+        chooser = None
+        makers, releases = {}, {}
         if self._run_in_caller_thread:  # compute-bound graphs may run faster otherwise (thread_modes.py)
             pooled_options = config_pb2.CallableOptions()
             pooled_options.CopyFrom(options)
             pooled_options.run_options.inter_op_thread_pool = 0
-            makers = {POOL: functools.partial(self.model.session._make_callable_from_options, pooled_options)}
-            twin = self.model.one_thread
-            if twin is not None and twin.available() and not any(self._op_policy().kinds(op) for op in ops):
-                # a graph that changes no state: its runs may go in either session, which hold the same values
-                makers[ONE_THREAD] = functools.partial(self._one_thread_callable, options, printed)
-                release = twin.release
+            makers[POOL] = functools.partial(self.model.session._make_callable_from_options, pooled_options)
+            # A graph that changes no state may run in the version's other sessions, which hold the same values.
+            stateless = not any(self._op_policy().kinds(op) for op in ops)
+            twins = {ONE_THREAD: self.model.one_thread}
+            if self._xla and compiled_calls(ops) & getattr(self.model.xla, "calls", frozenset()):
+                twins[XLA] = self.model.xla
+            for mode, twin in twins.items():
+                if twin is not None and twin.available() and stateless:
+                    makers[mode] = functools.partial(self._twin_callable, twin, options, printed)
+                    releases[mode] = twin.release
             chooser = ThreadModeChooser(printed, tuple(makers))
         specs = tuple(
             FeedSpec(
@@ -270,18 +279,20 @@ class GraphExecutor:
         self._metrics.build_seconds.observe(seconds)
         log.debug("built client graph %s in %.3fs (reads %d variables)", printed, seconds, len(variables))
         graph = LoadedClientGraph(printed, key, specs, fetch_names, target_names, variables, seconds, pin, fn)
-        graph._chooser, graph._makers, graph._release = chooser, makers or {}, release
+        graph._chooser, graph._makers, graph._releases = chooser, makers, releases
+        if XLA in makers:
+            graph._xla = XlaPrograms(printed, lambda: graph._made.get(XLA), graph._gate, graph._run, graph._xla_failed)
         return graph
 
-    def _one_thread_callable(self, options: config_pb2.CallableOptions, printed: str):
-        """The client graph's callable in the version's one-thread session (made, and its variables copied into it,
-        on the first call), or None where there is none to have. Its memory: the version's restored variables
-        again, admitted first."""
+    def _twin_callable(self, twin, options: config_pb2.CallableOptions, printed: str):
+        """The client graph's callable in one of the version's other sessions (loader/one_thread.py, loader/xla.py:
+        made, and its variables copied into it, on the first call), or None where there is none to have. Its
+        memory: the version's restored variables again, admitted first."""
         store = self.model.variables
         size = sum(r.nbytes for n, r in store.records.items() if store.loaded.placed(n, store.device))
-        need = MEMORY.admit(size, "restore", f"a one-thread session for client graph {printed!r}")
+        need = MEMORY.admit(size, "restore", f"a second session ({twin.what}) for client graph {printed!r}")
         try:
-            session = self.model.one_thread.acquire()
+            session = twin.acquire()
         finally:
             MEMORY.release(need)
         if session is None:
@@ -289,7 +300,7 @@ class GraphExecutor:
         try:
             return session._make_callable_from_options(options)
         except BaseException:
-            self.model.one_thread.release()
+            twin.release()
             raise
 
     def _op_policy(self) -> OpPolicy:

@@ -38,7 +38,7 @@ from servex.executor.cost_model import COMPUTE_BOUND_SECONDS, bucket
 
 log = logging.getLogger(__name__)
 
-WORKER, POOL, ONE_THREAD = "worker", "pool", "one_thread"
+WORKER, POOL, ONE_THREAD, XLA = "worker", "pool", "one_thread", "xla"
 # One thread is tried only where a lone run on its worker kept fewer cores than this busy (the process's CPU time
 # over the run's wall time, the most of ``BUSY_RUNS`` runs: another process taking a core makes a run longer, not
 # busier): one thread then takes about 0.55-0.8 of that CPU time. Measured on 2 cores: the encoder kept 1.06-1.19
@@ -47,8 +47,19 @@ WORKER, POOL, ONE_THREAD = "worker", "pool", "one_thread"
 # 1.79-1.82, 35-50% slower (its trial's ten runs took 75-82 ms against 50-55; once, disturbed, a median of three
 # of its runs read 1.66, and its first 5 s at 1 caller took a third longer).
 ONE_THREAD_BUSY = 1.6
+# The modes tried only there: XLA too, whose gains are a graph of small ops' (a GRU kept 1.00 cores busy, the encoder
+# 1.16); a graph of large ops keeps the cores busy, and its compile would cost seconds of a core beside its requests
+# for nothing (MobileNetV2, 1.5 cores, ran 5x slower compiled).
+GATED = (ONE_THREAD, XLA)
 BUSY_RUNS = 4
-_WHERE = {WORKER: "its run worker", POOL: "TensorFlow's inter-op pool", ONE_THREAD: "one intra-op thread"}
+# XLA's trial ends at its first run slower than this many times its worker's (MobileNetV2 ran 5x slower compiled).
+XLA_SLOWER = 1.5
+_WHERE = {
+    WORKER: "its run worker",
+    POOL: "TensorFlow's inter-op pool",
+    ONE_THREAD: "one intra-op thread",
+    XLA: "XLA's compiled program",
+}
 
 
 class ThreadModeChooser:
@@ -66,20 +77,24 @@ class ThreadModeChooser:
         self.name = name
         # The first run on its worker: a small graph is told at once, with nothing else made. One thread joins once
         # the worker's runs showed how busy they keep the cores.
-        self.modes = [WORKER, *(m for m in modes if m not in (WORKER, ONE_THREAD))]
-        self._gated = ONE_THREAD in modes
+        self.modes = [WORKER, *(m for m in modes if m not in (WORKER, *GATED))]
+        self._waiting = [m for m in GATED if m in modes]  # tried once the worker's runs left the cores idle enough
+        self._gated = bool(self._waiting)
         self._busy: list[float] = []  # cores a lone run on its worker kept busy
         self.busy_cores: float | None = None  # the most of them, once measured
         self.mode: str | None = None  # None: not decided yet
         self._samples: dict[tuple[int, str], list[float]] = {}
+        self._worker_best: dict[int, float] = {}  # per bucket, its worker's fastest run a row (warm runs too)
         self._warm = dict.fromkeys([WORKER, *modes], 0)  # runs of each mode so far, up to WARM
+        if XLA in self._warm:
+            self._warm[XLA] = self.WARM  # its program is run warm where it is compiled (client_graph.py)
         self._turn = -1
         self._lock = threading.Lock()
 
     @property
     def runs(self) -> int:
         """Runs alone before the choice, at most (of a graph whose runs are all of one bucket)."""
-        return (len(self.modes) + self._gated) * (self.WARM + self.TRIALS)
+        return (len(self.modes) + len(self._waiting) * self._gated) * (self.WARM + self.TRIALS)
 
     @property
     def gated(self) -> bool:
@@ -98,8 +113,9 @@ class ThreadModeChooser:
         with self._lock:
             if self.mode is not None or mode == WORKER:
                 return
-            if mode == ONE_THREAD:
-                self._gated = False
+            if mode in self._waiting:
+                self._waiting.remove(mode)
+                self._gated = self._gated and bool(self._waiting)
             if mode in self.modes:
                 self.modes.remove(mode)
             for b in {b for b, _ in self._samples}:
@@ -127,15 +143,23 @@ class ThreadModeChooser:
                     self._gated = False
                     cores = self.busy_cores = max(self._busy)
                     if cores < ONE_THREAD_BUSY:
-                        self.modes.append(ONE_THREAD)
-                        self._warm[ONE_THREAD] = 0
-                    log.debug("client graph %s: a lone run kept %.2f cores busy: one thread %s", self.name, cores,
-                              "tried" if cores < ONE_THREAD_BUSY else "not tried")  # fmt: skip
+                        self.modes.extend(self._waiting)
+                    tried = "tried" if cores < ONE_THREAD_BUSY else "not tried"
+                    log.debug("client graph %s: a lone run kept %.2f cores busy: %s %s", self.name, cores,
+                              " and ".join(self._waiting), tried)  # fmt: skip
+            if mode == WORKER:
+                best = self._worker_best.get(bucket(rows))
+                self._worker_best[bucket(rows)] = seconds / rows if best is None else min(best, seconds / rows)
             if self._warm[mode] < self.WARM:
                 self._warm[mode] += 1
                 return
             b = bucket(rows)
             self._samples.setdefault((b, mode), []).append(seconds / rows)
+            worker = self._worker_best.get(b)
+            if mode == XLA and worker is not None and seconds / rows > XLA_SLOWER * worker:
+                self.modes.remove(XLA)
+                log.info("client graph %s: XLA's program is slower (%.1f ms a row against %.1f on its worker): "
+                         "not tried further", self.name, 1000 * seconds / rows, 1000 * worker)  # fmt: skip
             self._decide(b)
 
     def _decide(self, b: int) -> bool:

@@ -59,6 +59,14 @@ class OneThreadSession:
         self._made = False  # made once per version
         self.closed = False
 
+    what = "its runs use one intra-op thread"
+
+    def _new_session(self):
+        config = tf.compat.v1.ConfigProto()
+        config.CopyFrom(self._config)
+        config.intra_op_parallelism_threads = 1
+        return tf.compat.v1.Session(graph=self._graph, config=config)
+
     def available(self) -> bool:
         """Whether a client graph may ask for it: sessions own their pools, and the first has more than one
         thread."""
@@ -75,10 +83,7 @@ class OneThreadSession:
                 if self._made or self.closed:
                     return None
                 self._made = True
-                config = tf.compat.v1.ConfigProto()
-                config.CopyFrom(self._config)
-                config.intra_op_parallelism_threads = 1
-                session = tf.compat.v1.Session(graph=self._graph, config=config)
+                session = self._new_session()
                 try:
                     added = self._store.add_session(session, self._init_reads, self._init)
                 except BaseException:
@@ -88,7 +93,7 @@ class OneThreadSession:
                     session.close()
                     return None
                 self._session = session
-                log.info("a second session of the version made: its runs use one intra-op thread")
+                log.info("another session of the version made: %s", self.what)
             self._users += 1
             return self._session
 
@@ -101,7 +106,7 @@ class OneThreadSession:
             session, self._session = self._session, None
         self._store.remove_session(session)
         session.close()
-        log.info("the session with one intra-op thread closed: no client graph runs faster on it")
+        log.info("the version's session (%s) closed: no client graph runs faster in it", self.what)
 
     def close(self) -> None:
         """The version unloads."""

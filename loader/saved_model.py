@@ -30,6 +30,7 @@ from servex.loader.checkpoint import (
 from servex.loader.errors import LoadError
 from servex.loader.one_thread import OneThreadSession
 from servex.loader.variables import RestoreOp, VariableHooks, VariableRecord, VariableStore
+from servex.loader.xla import XlaSession, compiled_calls
 
 log = logging.getLogger(__name__)
 
@@ -130,10 +131,14 @@ class SavedModelVersion:
     signature_ops: dict[str, tuple[tf.Operation, ...]] = field(default_factory=dict)
     # The second session whose runs use one intra-op thread, made when a client graph asks (loader/one_thread.py).
     one_thread: OneThreadSession | None = None
+    # The third, over a copy of the graph whose function calls XLA compiles, made when a client graph asks
+    # (loader/xla.py).
+    xla: XlaSession | None = None
 
     def close(self) -> None:
-        if self.one_thread is not None:
-            self.one_thread.close()
+        for twin in (self.one_thread, self.xla):
+            if twin is not None:
+                twin.close()
         self.session.close()
 
 
@@ -255,6 +260,14 @@ def load_saved_model(
         variables=variables,
         signature_ops=signature_ops,
         one_thread=OneThreadSession(graph, session_config, variables, init_reads, init),
+        xla=XlaSession(
+            graph,
+            session_config,
+            variables,
+            compiled_calls(op for ops in signature_ops.values() for op in ops),
+            init_reads,
+            init,
+        ),
     )
 
 
@@ -263,7 +276,8 @@ def _no_init(session) -> None:
 
 
 def _run_init(init_op, assets: dict, session) -> None:
-    session.run(init_op, feed_dict=assets)
+    """By name: a session over a copy of the graph (loader/xla.py) runs it too."""
+    session.run(init_op.name, feed_dict=assets)  # the assets' tensors by name already
 
 
 @dataclass(frozen=True)

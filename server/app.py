@@ -113,6 +113,7 @@ def make_manager(settings: ServerSettings, warmup: Warmup | None = None) -> Mode
             model,
             transfer=transfer,
             run_in_caller_thread=settings.run_in_caller_thread,
+            xla=settings.xla,
             max_entries=settings.client_graph_cache_size,
             metrics=CacheMetrics(name, str(version)),
         )

@@ -398,6 +398,13 @@ class ServerSettings:
         "run graph ops on the run worker's own thread (lowest latency for small graphs); "
         "false hands them to TensorFlow's inter-op pool",
     )
+    xla: bool = flag(
+        True,
+        TENSORFLOW,
+        "a compute-bound client graph of a TF2 SavedModel tries its function compiled with XLA for its lone runs, "
+        "and keeps it where it is faster and answers the same; false: TensorFlow's own kernels only",
+        doc="How it is tried and checked: [scheduling.md](scheduling.md#xla).",
+    )
     device: str = flag(
         "cpu",
         TENSORFLOW,

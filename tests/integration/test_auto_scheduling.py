@@ -97,7 +97,7 @@ def busy_threads(daemon, stub, calls: int = 10) -> int:
 def test_one_request_of_a_compute_bound_model_runs_on_every_core(start_daemon, conv_model):
     cores = usable_cores()
     # spare=False: no spare servex imports TensorFlow beside the measured runs (tests/support/daemon.py)
-    daemon = start_daemon("--model_name=conv", f"--model_base_path={conv_model}", spare=False)
+    daemon = start_daemon("--model_name=conv", f"--model_base_path={conv_model}", "--xla=false", spare=False)
     stub = service_pb2_grpc.GRPCInferenceServiceStub(daemon.channel)
     assert busy_threads(daemon, stub) >= min(cores, 2)
     if cores > 1:  # its lone runs' modes were tried; one thread only where its worker's runs left cores idle
@@ -131,7 +131,8 @@ def test_one_request_of_a_compute_bound_model_runs_on_every_core(start_daemon, c
 @pytest.mark.skipif(usable_cores() < 2, reason="one core: nothing to tell apart")
 def test_with_one_thread_in_each_tensorflow_pool_the_same_request_runs_on_one_thread(start_daemon, conv_model):
     one_thread = ("--tensorflow_intra_op_parallelism=1", "--tensorflow_inter_op_parallelism=1")
-    daemon = start_daemon("--model_name=conv", f"--model_base_path={conv_model}", *one_thread, spare=False)
+    daemon = start_daemon("--model_name=conv", f"--model_base_path={conv_model}", *one_thread, "--xla=false",
+                          spare=False)  # fmt: skip
     stub = service_pb2_grpc.GRPCInferenceServiceStub(daemon.channel)
     assert busy_threads(daemon, stub) == 1
 
@@ -140,7 +141,7 @@ def test_runs_at_once_of_a_compute_bound_model_follow_the_flag(start_daemon, con
     # --auto_compute_bound_runs=1: one batch at a time, each on every core (recurrent graphs of tiny ops may serve
     # more so); the choice says so, and concurrent requests still batch.
     daemon = start_daemon("--model_name=conv", f"--model_base_path={conv_model}", "--auto_compute_bound_runs=1",
-                          "--num_run_workers=2")  # fmt: skip
+                          "--num_run_workers=2", "--xla=false")  # fmt: skip
     stub = service_pb2_grpc.GRPCInferenceServiceStub(daemon.channel)
     for i in range(CHOSEN):
         stub.ModelInfer(request(i), timeout=60)
@@ -185,8 +186,8 @@ def loop_model(tmp_path_factory) -> Path:
 @pytest.mark.skipif(usable_cores() < 2, reason="one core: no second session to try")
 def test_a_graph_of_small_ops_tries_one_thread_in_a_second_session(start_daemon, loop_model):
     # Its lone runs leave the cores idle: servex makes the version's one-thread session and tries it; whichever mode
-    # wins, the answers are TensorFlow's own and the gauge says the threads its runs use.
-    daemon = start_daemon("--model_name=loop", f"--model_base_path={loop_model}")
+    # wins, the answers are TensorFlow's own and the gauge says the threads its runs use. (XLA: the next test.)
+    daemon = start_daemon("--model_name=loop", f"--model_base_path={loop_model}", "--xla=false")
     stub = service_pb2_grpc.GRPCInferenceServiceStub(daemon.channel)
     rng = np.random.default_rng(3)
     inputs, answers, chosen = [], [], []
@@ -207,9 +208,10 @@ def test_a_graph_of_small_ops_tries_one_thread_in_a_second_session(start_daemon,
         infer()
     log_text = daemon.log()
     assert len(chosen) == 1 and "one intra-op thread" in chosen[0], log_text[-3000:]
-    assert "a second session of the version made" in log_text
+    assert "XLA" not in log_text  # --xla=false: never tried
+    assert "another session of the version made: its runs use one intra-op thread" in log_text
     one_thread = "runs on one intra-op thread" in chosen[0]
-    assert one_thread != ("the session with one intra-op thread closed" in log_text)  # kept, or given back
+    assert one_thread != ("session (its runs use one intra-op thread) closed" in log_text)  # kept, or given back
     labels = {"model": "loop", "version": "1", "signature": "serving_default"}
     if metric(daemon, "servex_scheduler_compute_bound", **labels) == 1:  # its choice made (after 8 runs)
         assert metric(daemon, "servex_scheduler_intra_op_threads", **labels) == (1 if one_thread else usable_cores())
