@@ -25,6 +25,10 @@ from servex.loader.variables import PREPARE_POOL, RunGate
 
 log = logging.getLogger(__name__)
 
+# Once XLA is chosen, other shapes are compiled for once this many lone runs had them: at 8 callers the encoder's lone
+# runs came in many batch sizes, and compiling each (0.6 s of a core) beside the requests cost more than it gave.
+SEEN = 3
+
 Key = tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]
 
 _RAN = threading.local()
@@ -89,7 +93,7 @@ class LoadedClientGraph:
         mode = chooser.mode
         if mode is None and alone:
             return self._trial(chooser, sorted_feeds)
-        if mode == ONE_THREAD:
+        if mode == ONE_THREAD or (mode == XLA and not alone and chooser.under_load == ONE_THREAD):
             results, _RAN.one_thread = self._run_one_thread(sorted_feeds)
             return results
         if mode == POOL and alone:
@@ -99,7 +103,7 @@ class LoadedClientGraph:
             if results is not None:
                 return results
             results = self._run(self._callable, sorted_feeds)
-            self._xla.compile(sorted_feeds, results)  # a new set of shapes: compiled beside, up to a few
+            self._xla.compile(sorted_feeds, results, after=SEEN)  # shapes seen alone SEEN times: compiled beside
             return results
         return self._run(self._callable, sorted_feeds)
 
@@ -177,7 +181,8 @@ class LoadedClientGraph:
     def _settle(self, chosen: str) -> None:
         """The mode is chosen: let go of the one-thread and XLA sessions' callables and shares, but the chosen one's
         (once no run is in them)."""
-        for mode in [m for m in self._releases if m != chosen]:
+        kept = {chosen, self._chooser.under_load}
+        for mode in [m for m in self._releases if m not in kept]:
             release = self._releases.pop(mode, None)
             if release is not None and mode in self._making:
                 self._making[mode].add_done_callback(lambda _, m=mode, r=release: self._give_back(m, r))

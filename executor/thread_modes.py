@@ -47,10 +47,12 @@ WORKER, POOL, ONE_THREAD, XLA = "worker", "pool", "one_thread", "xla"
 # 1.79-1.82, 35-50% slower (its trial's ten runs took 75-82 ms against 50-55; once, disturbed, a median of three
 # of its runs read 1.66, and its first 5 s at 1 caller took a third longer).
 ONE_THREAD_BUSY = 1.6
-# The modes tried only there: XLA too, whose gains are a graph of small ops' (a GRU kept 1.00 cores busy, the encoder
-# 1.16); a graph of large ops keeps the cores busy, and its compile would cost seconds of a core beside its requests
-# for nothing (MobileNetV2, 1.5 cores, ran 5x slower compiled).
+# The modes tried only there. XLA only below ``XLA_BUSY``: its gains are a graph of ops too small to split (a GRU kept
+# 1.00 cores busy, the encoder 1.06-1.19); MobileNetV2 (1.23-1.52) ran 5x slower compiled, and trying it (a compile of
+# 1.7 s of a core beside the requests, then one slow run) raised its mean latency over the first 5 s at 1 caller
+# from 16.0 ms to 22.2.
 GATED = (ONE_THREAD, XLA)
+XLA_BUSY = 1.2
 BUSY_RUNS = 4
 # XLA's trial ends at its first run slower than this many times its worker's (MobileNetV2 ran 5x slower compiled).
 XLA_SLOWER = 1.5
@@ -83,6 +85,7 @@ class ThreadModeChooser:
         self._busy: list[float] = []  # cores a lone run on its worker kept busy
         self.busy_cores: float | None = None  # the most of them, once measured
         self.mode: str | None = None  # None: not decided yet
+        self.under_load = WORKER  # where runs under load go, once ``mode`` is XLA (else: ``mode``'s rule)
         self._samples: dict[tuple[int, str], list[float]] = {}
         self._worker_best: dict[int, float] = {}  # per bucket, its worker's fastest run a row (warm runs too)
         self._warm = dict.fromkeys([WORKER, *modes], 0)  # runs of each mode so far, up to WARM
@@ -142,11 +145,11 @@ class ThreadModeChooser:
                 if len(self._busy) >= BUSY_RUNS:
                     self._gated = False
                     cores = self.busy_cores = max(self._busy)
-                    if cores < ONE_THREAD_BUSY:
-                        self.modes.extend(self._waiting)
-                    tried = "tried" if cores < ONE_THREAD_BUSY else "not tried"
-                    log.debug("client graph %s: a lone run kept %.2f cores busy: %s %s", self.name, cores,
-                              " and ".join(self._waiting), tried)  # fmt: skip
+                    below = {ONE_THREAD: ONE_THREAD_BUSY, XLA: XLA_BUSY}
+                    tried = [m for m in self._waiting if cores < below[m]]
+                    self.modes.extend(tried)
+                    log.debug("client graph %s: a lone run kept %.2f cores busy: %s tried", self.name, cores,
+                              " and ".join(tried) or "nothing more")  # fmt: skip
             if mode == WORKER:
                 best = self._worker_best.get(bucket(rows))
                 self._worker_best[bucket(rows)] = seconds / rows if best is None else min(best, seconds / rows)
@@ -176,6 +179,11 @@ class ThreadModeChooser:
         if medians[best] >= medians[WORKER] * (1 - self.GAIN):
             best = WORKER  # a tie stays on the worker, which hands nothing over and holds no second session
         self.mode = best
+        # Runs under load: XLA's program is compiled for a lone run's shapes only; they go in the one-thread session
+        # where it beat the worker (the encoder: two one-thread runs at once served more than two of two threads).
+        one = medians.get(ONE_THREAD)
+        if best == XLA and one is not None and one < medians[WORKER] * (1 - self.GAIN):
+            self.under_load = ONE_THREAD
         shown = ", ".join(f"{1000 * s:.1f} ms on {_WHERE[m]}" for m, s in medians.items() if m != best)
         if self.busy_cores is not None:
             shown += f"; its lone runs on its worker kept {self.busy_cores:.2f} cores busy"

@@ -61,6 +61,7 @@ class XlaPrograms:
         self._run = run
         self._failed = failed
         self._shapes: dict[tuple, bool | None] = {}  # True: compiled and checked; False: failed; None: compiling
+        self._seen: dict[tuple, int] = {}  # calls of compile() per set of shapes not compiled
         self._ranges: dict[int, tuple[int, int]] = {}  # integer feed -> the least and most value answered
         self._lock = threading.Lock()
 
@@ -101,14 +102,19 @@ class XlaPrograms:
         finally:
             self._gate.leave()
 
-    def compile(self, sorted_feeds: Sequence[np.ndarray], expected: Sequence[np.ndarray]) -> None:
-        """Compile for these feeds' shapes on the prepare pool (``expected``: the session's answer to them), unless
-        compiled or tried already, or ``MOST`` were."""
+    def compile(self, sorted_feeds: Sequence[np.ndarray], expected: Sequence[np.ndarray], after: int = 1) -> None:
+        """Compile for these feeds' shapes on the prepare pool (``expected``: the session's answer to them), on the
+        ``after``-th call with them, unless compiled or tried already, or ``MOST`` were."""
         if self._program() is None:
             return
         shapes = _shapes(sorted_feeds)
         with self._lock:
             if shapes in self._shapes or len(self._shapes) >= MOST:
+                return
+            if len(self._seen) > 64:  # a client of ever new shapes: counted afresh
+                self._seen.clear()
+            self._seen[shapes] = seen = self._seen.get(shapes, 0) + 1
+            if seen < after:
                 return
             self._shapes[shapes] = None
         PREPARE_POOL.submit(self._compile, shapes, list(sorted_feeds), list(expected))

@@ -111,12 +111,15 @@ def test_runs_in_a_dropped_mode_are_not_counted():
 def test_xla_is_kept_where_faster_and_dropped_at_its_first_run_much_slower():
     # A GRU-like graph: XLA's program took 1.1 ms where its worker took 3.2; its program is warmed where it is
     # compiled, so its runs count from the first (the others' first WARM do not).
-    mode, tried = chosen({WORKER: 0.0032, POOL: 0.0037, XLA: 0.0011})
+    mode, tried = chosen({WORKER: 0.0032, POOL: 0.0037, XLA: 0.0011}, busy=1.0)
     assert mode == XLA and tried.count(XLA) >= ThreadModeChooser.TRIALS
     assert tried.count(WORKER) == ThreadModeChooser.WARM + ThreadModeChooser.TRIALS
-    # MobileNetV2-like: 86 ms compiled against 22 on its worker: one run of it, then the others decide.
-    mode, tried = chosen({WORKER: 0.022, POOL: 0.021, XLA: 0.086})
+    # 86 ms compiled against 22 on its worker: one run of it, then the others decide.
+    mode, tried = chosen({WORKER: 0.022, POOL: 0.021, XLA: 0.086}, busy=1.0)
     assert mode == WORKER and tried.count(XLA) == 1
     # Where its worker's lone runs keep the cores busy (ResNet-50-like), XLA is not tried, nor compiled for.
     mode, tried = chosen({WORKER: 0.054, POOL: 0.053, ONE_THREAD: 0.071, XLA: 0.030}, busy=1.8)
     assert mode == WORKER and XLA not in tried and ONE_THREAD not in tried
+    # MobileNetV2-like (1.5 cores busy): one thread tried, XLA not.
+    mode, tried = chosen({WORKER: 0.017, POOL: 0.017, ONE_THREAD: 0.014, XLA: 0.086}, busy=1.5)
+    assert mode == ONE_THREAD and XLA not in tried
