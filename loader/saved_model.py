@@ -11,6 +11,7 @@ import functools
 import logging
 import os
 from dataclasses import dataclass, field
+from itertools import chain
 
 import numpy as np
 import tensorflow as tf
@@ -30,7 +31,7 @@ from servex.loader.checkpoint import (
 from servex.loader.errors import LoadError
 from servex.loader.one_thread import OneThreadSession
 from servex.loader.variables import RestoreOp, VariableHooks, VariableRecord, VariableStore
-from servex.loader.xla import XlaSession, compiled_calls
+from servex.loader.xla import XlaSession
 
 log = logging.getLogger(__name__)
 
@@ -260,14 +261,7 @@ def load_saved_model(
         variables=variables,
         signature_ops=signature_ops,
         one_thread=OneThreadSession(graph, session_config, variables, init_reads, init),
-        xla=XlaSession(
-            graph,
-            session_config,
-            variables,
-            compiled_calls(op for ops in signature_ops.values() for op in ops),
-            init_reads,
-            init,
-        ),
+        xla=XlaSession(graph, session_config, variables, chain(*signature_ops.values()), init_reads, init),
     )
 
 

@@ -40,10 +40,10 @@ class XlaSession(OneThreadSession):
 
     what = "its TF2 function calls compiled with XLA"
 
-    def __init__(self, graph: tf.Graph, config, store, calls: frozenset[str], init_reads, init):
-        """``calls``: the function calls to compile (compiled_calls of the signatures' ops)."""
+    def __init__(self, graph: tf.Graph, config, store, ops: Iterable[tf.Operation], init_reads, init):
+        """``ops``: the signatures' ops, whose function calls it compiles."""
         super().__init__(graph, config, store, init_reads, init)
-        self.calls = calls
+        self.calls = compiled_calls(ops)
 
     def _new_session(self):
         graph_def = self._graph.as_graph_def()
