@@ -31,7 +31,7 @@ from servex.executor.memory import BUILD_BYTES_PER_OP, MEMORY
 from servex.executor.metrics import CacheMetrics
 from servex.executor.op_policy import OpPolicy
 from servex.executor.thread_modes import ONE_THREAD, POOL, XLA, ThreadModeChooser
-from servex.executor.xla_programs import XlaPrograms
+from servex.executor.xla_programs import CONVOLUTIONS, XlaPrograms
 from servex.loader.errors import InvalidArgument, ServingError, error_with_code
 from servex.loader.saved_model import SavedModelVersion, shape_matches, shape_text, walk
 from servex.loader.variables import PREPARE_POOL
@@ -257,7 +257,7 @@ class GraphExecutor:
             # A graph that changes no state may run in the version's other sessions, which hold the same values.
             stateless = not any(self._op_policy().kinds(op) for op in ops)
             twins = {ONE_THREAD: self.model.one_thread}
-            if self._xla and compiled_calls(ops) & getattr(self.model.xla, "calls", frozenset()):
+            if self._xla and self._xla_worth_trying(ops):
                 twins[XLA] = self.model.xla
             for mode, twin in twins.items():
                 if twin is not None and twin.available() and stateless:
@@ -283,6 +283,12 @@ class GraphExecutor:
         if XLA in makers:
             graph._xla = XlaPrograms(printed, lambda: graph._made.get(XLA), graph._gate, graph._run, graph._xla_failed)
         return graph
+
+    def _xla_worth_trying(self, ops) -> bool:
+        """The graph runs a function call the XLA session compiles, and no convolution (xla_programs.py)."""
+        calls = compiled_calls(ops) & getattr(self.model.xla, "calls", frozenset())
+        policy = self._op_policy()
+        return bool(calls) and not any(policy.types(op) & CONVOLUTIONS for op in ops if op.name in calls)
 
     def _twin_callable(self, twin, options: config_pb2.CallableOptions, printed: str):
         """The client graph's callable in one of the version's other sessions (loader/one_thread.py, loader/xla.py:

@@ -136,7 +136,7 @@ class OpPolicy:
         ``signature_ops`` (name -> the ops the signature runs, as ``walk`` finds them, when the loader walked
         them already)."""
         self._functions = {f.signature.name: f for f in library.function}
-        self._function_ops: dict[str, frozenset[str]] = {}  # function name -> state-changing op types it runs
+        self._function_ops: dict[str, frozenset[str]] = {}  # function name -> every op type it runs, at any depth
         self._bodies: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {}  # its own types, the functions it calls
         self._op_kinds: dict[str, tuple[str, ...]] = {}  # op name -> its state-changing op types (() if none)
         self._func_attrs: dict[str, tuple[str, ...]] = {}  # op type -> its attributes that name functions
@@ -161,12 +161,16 @@ class OpPolicy:
             if op.type in STATE_CHANGING_OPS:
                 kinds = (op.type,)
             else:
-                found: set[str] = set()
-                for name in self._called(op):
-                    found |= self._function_kinds(name)
-                kinds = tuple(sorted(found))
+                kinds = tuple(sorted(self.types(op) & STATE_CHANGING_OPS))
             self._op_kinds[op.name] = kinds
         return kinds
+
+    def types(self, op) -> frozenset[str]:
+        """The op types ``op`` runs: its own, and those of the functions it calls, at any depth."""
+        found = {op.type}
+        for name in self._called(op):
+            found |= self._function_types(name)
+        return frozenset(found)
 
     def _called(self, op) -> list[str]:
         """The functions a graph op calls: a direct call (its type is a library function) or function attributes
@@ -185,8 +189,8 @@ class OpPolicy:
             names.extend(v.name for v in (value if isinstance(value, list) else [value]))
         return names
 
-    def _function_kinds(self, name: str) -> frozenset[str]:
-        """The state-changing op types function ``name`` runs, itself or through the functions it calls."""
+    def _function_types(self, name: str) -> frozenset[str]:
+        """The op types function ``name`` runs, itself or through the functions it calls."""
         kinds = self._function_ops.get(name)
         if kinds is None:
             found: set[str] = set()
@@ -202,14 +206,13 @@ class OpPolicy:
         return kinds
 
     def _function_body(self, name: str) -> tuple[frozenset[str], tuple[str, ...]]:
-        """Function ``name``'s own state-changing op types, and the functions its nodes call."""
+        """Function ``name``'s own op types, and the functions its nodes call."""
         body = self._bodies.get(name)
         if body is None:
             fdef = self._functions.get(name)
             direct, calls = set(), []
             for node in fdef.node_def if fdef is not None else ():
-                if node.op in STATE_CHANGING_OPS:
-                    direct.add(node.op)
+                direct.add(node.op)
                 if node.op in self._functions:
                     calls.append(node.op)
                 calls.extend(_attr_functions(node.attr.values()))

@@ -47,12 +47,9 @@ WORKER, POOL, ONE_THREAD, XLA = "worker", "pool", "one_thread", "xla"
 # 1.79-1.82, 35-50% slower (its trial's ten runs took 75-82 ms against 50-55; once, disturbed, a median of three
 # of its runs read 1.66, and its first 5 s at 1 caller took a third longer).
 ONE_THREAD_BUSY = 1.6
-# The modes tried only there. XLA only below ``XLA_BUSY``: its gains are a graph of ops too small to split (a GRU kept
-# 1.00 cores busy, the encoder 1.06-1.19); MobileNetV2 (1.23-1.52) ran 5x slower compiled, and trying it (a compile of
-# 1.7 s of a core beside the requests, then one slow run) raised its mean latency over the first 5 s at 1 caller
-# from 16.0 ms to 22.2.
+# The modes tried only there: XLA's gains too are a graph of ops too small to split (a GRU kept 1.00 cores busy, the
+# encoder 1.06-1.22).
 GATED = (ONE_THREAD, XLA)
-XLA_BUSY = 1.2
 BUSY_RUNS = 4
 # XLA's trial ends at its first run slower than this many times its worker's (MobileNetV2 ran 5x slower compiled).
 XLA_SLOWER = 1.5
@@ -145,8 +142,7 @@ class ThreadModeChooser:
                 if len(self._busy) >= BUSY_RUNS:
                     self._gated = False
                     cores = self.busy_cores = max(self._busy)
-                    below = {ONE_THREAD: ONE_THREAD_BUSY, XLA: XLA_BUSY}
-                    tried = [m for m in self._waiting if cores < below[m]]
+                    tried = self._waiting if cores < ONE_THREAD_BUSY else []
                     self.modes.extend(tried)
                     log.debug("client graph %s: a lone run kept %.2f cores busy: %s tried", self.name, cores,
                               " and ".join(tried) or "nothing more")  # fmt: skip

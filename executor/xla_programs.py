@@ -28,6 +28,15 @@ from servex.loader.variables import PREPARE_POOL, RunGate
 
 log = logging.getLogger(__name__)
 
+# Graphs that run these are not tried: XLA's CPU convolutions ran far slower than TensorFlow's oneDNN kernels
+# (MobileNetV2 84 ms a row against 17), and trying one (a compile of 1.7 s of a core beside the requests, then a slow
+# run) raised MobileNetV2's mean latency over its first 5 s at 1 caller from 16.0 ms to 22.2.
+CONVOLUTIONS = frozenset(
+    {
+        "Conv", "Conv2D", "Conv3D", "DepthwiseConv2dNative", "Conv2DBackpropInput", "Conv3DBackpropInputV2",
+        "DepthwiseConv2dNativeBackpropInput", "FusedConv2D", "FusedDepthwiseConv2dNative", "QuantizedConv2D",
+    }
+)  # fmt: skip
 MOST = 4
 WARM = 2
 RTOL = 1e-3
