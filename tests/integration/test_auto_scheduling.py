@@ -18,6 +18,7 @@ from servex.executor.cost_model import COMPUTE_BOUND_RUNS
 from servex.executor.thread_modes import ONE_THREAD_BUSY, ThreadModeChooser
 from servex.server.cores import usable_cores
 from tests.support.daemon import metric
+from tests.support.models import save, tanh_loop
 
 IMAGE = (96, 96, 64)
 # Lone runs until a compute-bound graph's thread mode is chosen: each of the three modes (its worker, the inter-op
@@ -174,12 +175,11 @@ def loop_model(tmp_path_factory) -> Path:
 
         @tf.function(input_signature=[tf.TensorSpec([None, 128], tf.float32, name="x")])
         def serve(self, x):
-            h = tf.while_loop(lambda i, h: i < 1000, lambda i, h: (i + 1, tf.tanh(h @ self.weights + x)), (0, x))[1]
-            return {"h": h}
+            return {"h": tanh_loop(x, self.weights)}
 
     base = tmp_path_factory.mktemp("loop") / "loop"
     module = Loop()
-    tf.saved_model.save(module, str(base / "1"), signatures={"serving_default": module.serve})
+    save(module, base, serving_default=module.serve)
     return base
 
 

@@ -13,6 +13,7 @@ import tensorflow as tf
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from servex.server.cores import usable_cores
+from tests.support.models import save, tanh_loop
 
 VOCAB = 50
 
@@ -33,12 +34,11 @@ def embedding_loop_model(tmp_path_factory) -> Path:
         @tf.function(input_signature=[tf.TensorSpec([None, 16], tf.int32, name="ids")])
         def serve(self, ids):
             x = tf.reduce_mean(tf.gather(self.table, ids), axis=1)
-            h = tf.while_loop(lambda i, h: i < 1000, lambda i, h: (i + 1, tf.tanh(h @ self.weights + x)), (0, x))[1]
-            return {"h": h}
+            return {"h": tanh_loop(x, self.weights)}
 
     base = tmp_path_factory.mktemp("embedding_loop") / "embedding_loop"
     module = EmbeddingLoop()
-    tf.saved_model.save(module, str(base / "1"), signatures={"serving_default": module.serve})
+    save(module, base, serving_default=module.serve)
     return base
 
 

@@ -24,6 +24,12 @@ def save(module: tf.Module, path: Path, **signatures) -> None:
     tf.saved_model.save(module, str(Path(path) / "1"), signatures=signatures)
 
 
+def tanh_loop(x, weights, steps: int = 1000):
+    """``steps`` steps of h = tanh(h W + x) from h = x, in a while loop: a run of many ops too small to split over
+    threads."""
+    return tf.while_loop(lambda i, h: i < steps, lambda i, h: (i + 1, tf.tanh(h @ weights + x)), (0, x))[1]
+
+
 def export_slow(path: Path) -> None:
     """A model whose run takes as long as the caller asks: it counts to ``iterations`` (int64 scalar) in a while loop
     and answers ``count``."""
