@@ -114,21 +114,22 @@ class LoadedClientGraph:
         # runs 9.5 ms against 7.3 with nothing beside them).
         quiet = self._quiet()
         busy = cpu = None
+        xla = self._xla  # None once another mode is chosen (by a compile that failed, beside this run)
         started = time.perf_counter()
         if mode == ONE_THREAD and self._mode_callable(mode) is not None:
             results, in_it = self._run_one_thread(sorted_feeds)
             quiet = quiet and in_it
         elif mode == POOL and self._mode_callable(mode) is not None:
             results = self._run(self._made[POOL], sorted_feeds)
-        elif mode == XLA and self._mode_callable(mode) is not None and self._xla.ready(sorted_feeds):
-            results = self._xla.run(sorted_feeds)
+        elif mode == XLA and self._mode_callable(mode) is not None and xla is not None and xla.ready(sorted_feeds):
+            results = xla.run(sorted_feeds)
             if results is None:  # given back meanwhile
                 quiet, results = False, self._run(self._callable, sorted_feeds)
         else:  # the worker, or until the mode's callable is made (XLA's: and its program compiled)
             cpu = time.process_time() if chooser.gated and quiet else None
             wanted, mode, results = mode, WORKER, self._run(self._callable, sorted_feeds)
-            if wanted == XLA and self._made.get(XLA) is not None:
-                self._xla.compile(sorted_feeds, results)
+            if wanted == XLA and self._made.get(XLA) is not None and xla is not None:
+                xla.compile(sorted_feeds, results)
         ran = time.perf_counter() - started if quiet and self._quiet() else None
         if cpu is not None and ran:
             busy = (time.process_time() - cpu) / ran
@@ -141,7 +142,8 @@ class LoadedClientGraph:
 
     def _quiet(self) -> bool:
         """Nothing is made or compiled beside the graph's runs."""
-        return all(f.done() for f in self._making.values()) and not (self._xla is not None and self._xla.compiling())
+        xla = self._xla
+        return all(f.done() for f in self._making.values()) and not (xla is not None and xla.compiling())
 
     def _run_one_thread(self, sorted_feeds: Sequence[np.ndarray]) -> tuple[list[np.ndarray], bool]:
         """A run in the one-thread session, on a thread of ONE_THREAD_RUNS, while it is not given back (else on the
@@ -181,6 +183,8 @@ class LoadedClientGraph:
     def _settle(self, chosen: str) -> None:
         """The mode is chosen: let go of the one-thread and XLA sessions' callables and shares, but the chosen one's
         (once no run is in them)."""
+        if chosen != XLA:
+            self._xla = None  # nothing more to compile or count (a small graph's runs: from its first)
         kept = {chosen, self._chooser.under_load}
         for mode in [m for m in self._releases if m not in kept]:
             release = self._releases.pop(mode, None)
@@ -214,8 +218,9 @@ class LoadedClientGraph:
             # The session answers a 0-d fetch as a scalar: bytes for DT_STRING, a NumPy scalar otherwise.
             if not isinstance(value, np.ndarray):
                 results[i] = np.asarray(value, dtype=object if isinstance(value, bytes) else None)
-        if self._xla is not None and fn is not self._made.get(XLA):
-            self._xla.served(sorted_feeds)  # the session's kernels answered: its integers are in range
+        xla = self._xla
+        if xla is not None and fn is not self._made.get(XLA):
+            xla.served(sorted_feeds)  # the session's kernels answered: its integers are in range
         return results
 
 
