@@ -472,30 +472,3 @@ def test_a_variant_tensor_can_be_neither_fed_nor_fetched(tmp_path):
             executor.run({"x:0": X}, ["lst:0"])
     finally:
         model.close()
-
-
-def test_xla_is_offered_to_tf2_function_calls_without_convolutions(tmp_path, half):
-    from servex.executor.thread_modes import XLA
-
-    def export(name: str, body) -> str:
-        module = tf.Module()
-        module.w = tf.Variable(tf.ones((3, 3, 4, 4)) * 0.1)
-        fn = tf.function(lambda x: {"y": body(module, x)}, input_signature=[tf.TensorSpec([None, 6, 6, 4])])
-        tf.saved_model.save(module, str(tmp_path / name), signatures={"serving_default": fn})
-        return str(tmp_path / name)
-
-    def offered(path: str, **flags) -> bool:
-        model = load_saved_model(path)
-        try:
-            sig = model.signatures["serving_default"]
-            executor = GraphExecutor(model, **flags)
-            graph = executor.client_graph([sig.inputs["x"].name], [sig.outputs["y"].name])
-            return XLA in graph._makers
-        finally:
-            model.close()
-
-    dense = export("dense", lambda m, x: tf.tanh(tf.reshape(x, [-1, 4]) @ m.w[0, 0]))
-    conv = export("conv", lambda m, x: tf.nn.conv2d(x, m.w, strides=1, padding="SAME"))
-    assert offered(dense) and not offered(dense, xla=False)
-    assert not offered(conv)  # XLA's CPU convolutions: slower than TensorFlow's own
-    assert half.xla.calls == frozenset() and not half.xla.available()  # a TF1 graph: no function call
