@@ -22,8 +22,8 @@ import time
 import numpy as np
 
 from servex.executor.answers import Held
-from servex.executor.batching import BatchingOptions, PaddedBatch, batch_rows, pad_to_common_shape
-from servex.executor.client_graph import ran_on_one_thread
+from servex.executor.batching import BatchingOptions, PaddedBatch, batch_rows, pad_to_common_shape, program_rows
+from servex.executor.client_graph import ran_compiled_graph, ran_on_one_thread
 from servex.executor.cost_model import VERIFY_REQUESTS, answers_agree
 from servex.executor.work import WorkItem, trace_batch, trace_run
 from servex.loader.errors import ServingError
@@ -88,6 +88,8 @@ class BatchRuns:
         total = sum(rows)
         size = batch_rows(batching, total)
         cost = first.cost
+        if cost is not None and cost.compiled and cost.verified and len(batch) > 1 and size == total:
+            size = program_rows(total, batching.max_batch_size)  # XLA's programs are compiled per batch size
         unbatched = first.batch_key in self._unbatchable or (cost is not None and cost.verified is False)
         if len(batch) == 1 and size == total or unbatched:  # nothing to merge, pad or split: each its own run
             for i, item in enumerate(batch):
@@ -123,7 +125,14 @@ class BatchRuns:
                 cost.verified = False
             return
         if cost is not None:
-            cost.observe(total, seconds, at_once(before, cost), waiting, one_thread=ran_on_one_thread())
+            cost.observe(
+                total,
+                seconds,
+                at_once(before, cost),
+                waiting,
+                one_thread=ran_on_one_thread(),
+                compiled=ran_compiled_graph(),
+            )
         trace_batch(batch, started, started + seconds, size)
         self._metrics_for(first.ticket).stats.ran(len(batch), total, seconds)  # one graph: one model version
         offset = 0
@@ -166,7 +175,14 @@ class BatchRuns:
         ended = time.monotonic()
         seconds = ended - started
         if ok and item.cost is not None:
-            item.cost.observe(item.rows, seconds, at_once(before, item.cost), waiting, one_thread=ran_on_one_thread())
+            item.cost.observe(
+                item.rows,
+                seconds,
+                at_once(before, item.cost),
+                waiting,
+                one_thread=ran_on_one_thread(),
+                compiled=ran_compiled_graph(),
+            )
         if item.ticket.trace is not None:
             trace_run(item, started, ended, item.rows)
         metrics = self._metrics_for(item.ticket)

@@ -1,5 +1,6 @@
 """How the requests of a batch become one run's inputs: TensorFlow Serving's BatchingParameters as servex applies
-them, the allowed batch size a batch is padded up to, and pad_variable_length_inputs (inputs of other lengths
+them, the allowed batch size a batch is padded up to (and the sizes of a graph served by XLA's programs), and
+pad_variable_length_inputs (inputs of other lengths
 padded to the batch's largest, and what that padding would hold, for the RunHandler's byte bound)."""
 
 from __future__ import annotations
@@ -34,6 +35,17 @@ def batch_rows(batching: BatchingOptions, rows: int) -> int:
     """The rows a batch of ``rows`` rows runs at: the next allowed batch size, if any are set."""
     allowed = batching.allowed_batch_sizes
     return allowed[min(bisect.bisect_left(allowed, rows), len(allowed) - 1)] if allowed else rows
+
+
+def program_rows(rows: int, most: int) -> int:
+    """The rows a batch of ``rows`` rows of a graph served by XLA's programs is padded to (client_graph.py): XLA
+    compiles a program per batch size, so batches take a few sizes (two per power of two), each under half again
+    its batch's rows: 1-4, 6, 8, 12, 16, 24, 32, 48, ... (``most``, the largest batch, at most, unless ``rows`` is
+    more)."""
+    if rows <= 4:
+        return rows
+    step = 1 << (rows.bit_length() - 2)
+    return max(rows, min(-(-rows // step) * step, most))
 
 
 def string_bytes(array: np.ndarray) -> int:

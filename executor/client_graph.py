@@ -1,8 +1,9 @@
 """LoadedClientGraph: a built client graph (the model's graph pruned to one set of feeds, fetches and targets, as a
 session callable), and how a run of it goes: on its run worker's thread; or, for a compute-bound graph where its lone
 runs were found faster so (thread_modes.py), handed to TensorFlow's inter-op pool, or in the version's second session,
-whose intra-op pool has one thread (loader/one_thread.py). The GraphExecutor (graph_executor.py) builds and caches
-them.
+whose intra-op pool has one thread (loader/one_thread.py), or as XLA's program for its feeds' shapes (loader/xla.py,
+xla_programs.py; under load too, its batches padded to a few sizes by the RunHandler). The GraphExecutor
+(graph_executor.py) builds and caches them.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from servex.loader.variables import PREPARE_POOL, RunGate
 
 log = logging.getLogger(__name__)
 
-# Once XLA is chosen, other shapes are compiled for once this many lone runs had them: at 8 callers the encoder's lone
+# Once XLA is chosen, other shapes are compiled for once this many runs had them: at 8 callers the encoder's lone
 # runs came in many batch sizes, and compiling each (0.6 s of a core) beside the requests cost more than it gave.
+# Batches are padded to a few sizes (batching.py's program_rows), which each get their program.
 SEEN = 3
 
 Key = tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]
@@ -38,6 +40,12 @@ def ran_on_one_thread() -> bool:
     """Whether this thread's last run went in a one-thread session, its graph's mode chosen (not a trial's run): for
     the cost model's choice (cost_model.py)."""
     return getattr(_RAN, "one_thread", False)
+
+
+def ran_compiled_graph() -> bool:
+    """Whether this thread's last run was of a graph whose runs take XLA's programs (compiled per batch size: its
+    batches are padded to a few sizes, batching.py's ``program_rows``)."""
+    return getattr(_RAN, "compiled", False)
 
 
 # The threads that run one-thread sessions' runs, and nothing else. TensorFlow keeps its oneDNN kernels (a
@@ -87,24 +95,29 @@ class LoadedClientGraph:
         ``alone``: no other run of the graph goes and nothing of it waits; a run under load goes on its worker (in
         the one-thread session, where its lone runs were found faster there)."""
         chooser = self._chooser
-        _RAN.one_thread = False
+        _RAN.one_thread = _RAN.compiled = False
         if chooser is None:
             return self._run(self._callable, sorted_feeds)
         mode = chooser.mode
+        _RAN.compiled = mode == XLA
         if mode is None and alone:
             return self._trial(chooser, sorted_feeds)
-        if mode == ONE_THREAD or (mode == XLA and not alone and chooser.under_load == ONE_THREAD):
+        if mode == XLA:  # alone or under load: its program where one is compiled for these shapes
+            results = self._xla.run(sorted_feeds)
+            if results is not None:
+                _RAN.one_thread = True  # (the XLA session's programs run on one thread: loader/xla.py)
+                return results
+            if chooser.under_load == ONE_THREAD:
+                results, _RAN.one_thread = self._run_one_thread(sorted_feeds)
+            else:
+                results = self._run(self._callable, sorted_feeds)
+            self._xla.compile(sorted_feeds, results, after=SEEN)  # shapes seen SEEN times: compiled beside
+            return results
+        if mode == ONE_THREAD:
             results, _RAN.one_thread = self._run_one_thread(sorted_feeds)
             return results
         if mode == POOL and alone:
             return self._run(self._made[POOL], sorted_feeds)
-        if mode == XLA and alone:
-            results = self._xla.run(sorted_feeds)
-            if results is not None:
-                return results
-            results = self._run(self._callable, sorted_feeds)
-            self._xla.compile(sorted_feeds, results, after=SEEN)  # shapes seen alone SEEN times: compiled beside
-            return results
         return self._run(self._callable, sorted_feeds)
 
     def _trial(self, chooser: ThreadModeChooser, sorted_feeds: Sequence[np.ndarray]) -> list[np.ndarray]:

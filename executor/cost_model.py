@@ -158,6 +158,7 @@ class GraphCost:
         self.choice = Choice(False, workers, max_batch_size, threads)
         self.runs = RunsAtOnce(compute_runs)  # a compute-bound graph's runs at once: 1, or compute_runs
         self.concurrency = workers  # runs of it that may go at once now (the choice's, or a trial's)
+        self.compiled = False  # its last run's graph takes XLA's programs (client_graph.py)
 
     # -- what was seen -------------------------------------------------------------------------------------------
 
@@ -169,6 +170,7 @@ class GraphCost:
         waiting: int = 0,
         ended: float | None = None,
         one_thread: bool = False,
+        compiled: bool = False,
     ) -> Choice | None:
         """A run of ``rows`` rows took ``seconds`` while ``at_once`` runs of the graph went (this one included, on
         average over the run), ending at ``ended`` (by default now), its batch taken where ``waiting`` rows of the
@@ -177,9 +179,11 @@ class GraphCost:
         its rows. Without it, one-row runs measured alone (one caller) looked twice as cheap per row as the batches
         two runs at once then ran (more callers), and the limit fell to 1 row for seconds at each rise of the load.
         A compute-bound graph's runs at once are learned by trial (runs_at_once.py). ``one_thread``: the run went
-        in the version's one-thread session (thread_modes.py)."""
+        in the version's one-thread session (thread_modes.py); ``compiled``: its graph's runs take XLA's programs
+        (its batches are then padded to batching.py's ``program_rows``)."""
         if rows < 1 or seconds < 0:
             return None
+        self.compiled = compiled
         self._one_thread.append(one_thread)
         self.run_threads = 1 if 2 * sum(self._one_thread) > len(self._one_thread) else self.threads
         ended = time.monotonic() if ended is None else ended
@@ -276,6 +280,11 @@ class GraphCost:
             compute_bound = one_row >= COMPUTE_BOUND_SECONDS / 2
         else:
             compute_bound = one_row >= COMPUTE_BOUND_SECONDS
+        # Runs on one thread (a graph found faster there, or on XLA's programs) keep one core each: however fast
+        # its one-row runs, it runs in lanes, one per core (the GRU's lone runs took 1.1 ms on XLA's program, and
+        # one batch at a time left the second core to the event loop's 0.4 of it: 1,500 sequences/s at 32
+        # callers against 1,700-1,750 in two lanes).
+        compute_bound = compute_bound or self.run_threads == 1 < self.threads
         concurrency = self._at_once(self.runs.chosen) if compute_bound else self.workers
         if not compute_bound:  # the call is the cost: a larger batch only saves hand-offs
             return Choice(False, concurrency, self.max_batch_size, self.run_threads)

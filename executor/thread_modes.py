@@ -21,7 +21,8 @@ saves ``GAIN`` of the time. On 2 cores the worker and the pool came within 4% of
 measured (one process, both callables warm, run in turns, medians): DenseNet-121 51.6 ms an image on the pool
 against 53.5 on its worker, ResNet-50 53.0 and 54.0, EfficientNetB0 24.5 and 25.0, MobileNetV2 16.7 and 16.6, the
 encoder 10.8 and 10.4, a GRU 3.1 and 3.1; the pool is for graphs with independent branches on more cores than one
-op's shards keep busy. Runs under load go on their worker (or in the one-thread session, where chosen): the pool's
+op's shards keep busy. Runs under load go on their worker (or in the one-thread session, or as XLA's programs, where
+chosen: client_graph.py): the pool's
 parallel ops fill cores a run alone leaves idle, but under load other runs and the calls fill them (at 32 callers on
 2 cores the pool served a GRU 1,412-1,508 sequences/s against 1,425-1,717 on its worker).
 """
@@ -82,7 +83,7 @@ class ThreadModeChooser:
         self._busy: list[float] = []  # cores a lone run on its worker kept busy
         self.busy_cores: float | None = None  # the most of them, once measured
         self.mode: str | None = None  # None: not decided yet
-        self.under_load = WORKER  # where runs under load go, once ``mode`` is XLA (else: ``mode``'s rule)
+        self.under_load = WORKER  # where runs without an XLA program go, once ``mode`` is XLA
         self._samples: dict[tuple[int, str], list[float]] = {}
         self._worker_best: dict[int, float] = {}  # per bucket, its worker's fastest run a row (warm runs too)
         self._warm = dict.fromkeys([WORKER, *modes], 0)  # runs of each mode so far, up to WARM
@@ -175,8 +176,8 @@ class ThreadModeChooser:
         if medians[best] >= medians[WORKER] * (1 - self.GAIN):
             best = WORKER  # a tie stays on the worker, which hands nothing over and holds no second session
         self.mode = best
-        # Runs under load: XLA's program is compiled for a lone run's shapes only; they go in the one-thread session
-        # where it beat the worker (the encoder: two one-thread runs at once served more than two of two threads).
+        # Runs whose shapes have no XLA program yet (a batch's size, before it is compiled for) go in the one-thread
+        # session where it beat the worker (two one-thread runs at once served the encoder more than two of two).
         one = medians.get(ONE_THREAD)
         if best == XLA and one is not None and one < medians[WORKER] * (1 - self.GAIN):
             self.under_load = ONE_THREAD

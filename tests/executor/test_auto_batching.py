@@ -11,6 +11,8 @@ import time
 import numpy as np
 from prometheus_client import REGISTRY
 
+from servex.executor import client_graph
+from servex.executor.batching import program_rows
 from servex.executor.cost_model import COMPUTE_BOUND_RUNS, VERIFY_REQUESTS
 from servex.executor.run_handler import BatchingOptions, RunHandler, Ticket
 from servex.loader.errors import InvalidArgument
@@ -233,10 +235,10 @@ def test_each_batch_reports_the_rows_that_waited_for_its_graph_when_it_was_taken
         (cost,) = handler._costs[executor].graphs.values()
         observe = cost.observe
 
-        def recording(n, seconds, at_once=1.0, waiting=0, ended=None, one_thread=False):
+        def recording(n, seconds, at_once=1.0, waiting=0, ended=None, one_thread=False, compiled=False):
             if waiting:  # (the first batch's check runs its requests alone too: those report none)
                 seen.append((n, waiting))
-            return observe(n, seconds, at_once, waiting, ended, one_thread)
+            return observe(n, seconds, at_once, waiting, ended, one_thread, compiled)
 
         cost.observe = recording
         busy.release.set()
@@ -284,3 +286,49 @@ def test_a_graph_in_one_thread_lanes_splits_its_queued_rows_between_its_lanes():
     results = served(handler, main)
     assert [r[0].tolist() for r in results] == [(v * 2).tolist() for v in rows(10)]
     assert executor.runs == [5, 5]
+
+
+class Compiled(Doubler):
+    """A graph whose runs take XLA's programs (client_graph.py says so for each run, as LoadedClientGraph.run does),
+    recording each run's feed."""
+
+    def __init__(self):
+        super().__init__()
+        self.fed: list[np.ndarray] = []
+
+    def run(self, feeds, fetches, targets=(), graph_name="", pin=False, alone=True):
+        client_graph._RAN.compiled = True
+        self.fed.append(feeds["x"])
+        return super().run(feeds, fetches)
+
+
+def test_a_graph_on_xlas_programs_pads_its_batches_to_a_few_sizes_once_batching_was_checked():
+    # XLA compiles a program per batch size: batches of 5 and 9 rows run as 6 and 12, padded with copies of the last
+    # row (each answer its own rows); the first batch, before batching's check, and a batch of one are not padded.
+    executor = Compiled()
+    five, nine = rows(5), rows(9, 10.0)
+    first, second, runs = twice(executor, five)
+    assert executor.runs[:runs] == [5, *[1] * VERIFY_REQUESTS]
+    assert executor.runs[runs:] == [program_rows(5, 32)] == [6]
+    np.testing.assert_array_equal(executor.fed[-1][5:], five[-1])  # the last row, again
+    for results in (first, second):
+        for value, (answer,) in zip(five, results, strict=True):
+            np.testing.assert_array_equal(answer, value * 2)
+    handler = RunHandler(1, batching=AUTO)
+    try:
+        batched(handler, executor, nine)
+        again = batched(handler, executor, nine)
+        assert executor.runs[-1] == 12
+        for value, (answer,) in zip(nine, again, strict=True):
+            np.testing.assert_array_equal(answer, value * 2)
+        assert batched(handler, executor, rows(1)) and executor.runs[-1] == 1
+    finally:
+        handler.close()
+
+
+def test_the_sizes_a_compiled_graphs_batches_take():
+    assert [program_rows(n, 32) for n in range(1, 33)] == [
+        1, 2, 3, 4, 6, 6, 8, 8, 12, 12, 12, 12, 16, 16, 16, 16, *[24] * 8, *[32] * 8
+    ]  # fmt: skip
+    assert all(n <= program_rows(n, 1024) < n * 3 / 2 for n in range(1, 1025))  # under half again as many rows
+    assert program_rows(17, 20) == 20 and program_rows(40, 32) == 40  # the largest batch bounds it, not below rows

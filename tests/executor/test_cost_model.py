@@ -333,3 +333,19 @@ def test_one_row_runs_slowed_by_load_do_not_make_a_call_bound_graph_compute_boun
     cost = GraphCost(max_batch_size=32, workers=2)
     feed(cost, lambda rows: COMPUTE_BOUND_SECONDS * 3 if rows == 1 else 0.0004, (1, 32))
     assert cost.choice.compute_bound and cost.choice.concurrency == 1
+
+
+def test_a_graph_whose_runs_go_on_one_thread_runs_in_lanes_however_fast_its_rows():
+    # A GRU on XLA's programs: 1.1 ms a row, under the compute-bound threshold, but on one thread: each run keeps
+    # one core, so it runs in lanes, one per core of its version's pool. On its version's session it is call-bound.
+    fast = 0.55 * COMPUTE_BOUND_SECONDS
+    cost = GraphCost(max_batch_size=32, workers=1, threads=2, compute_runs=2)
+    for i in range(2 * DECIDE_EVERY):
+        rows = 1 << (i % 4)
+        cost.observe(rows, fast * rows**0.5, one_thread=True)
+    assert cost.choice == Choice(True, 2, 32, 1) and cost.in_lanes()
+    other = GraphCost(max_batch_size=32, workers=1, threads=2, compute_runs=2)
+    for i in range(2 * DECIDE_EVERY):
+        rows = 1 << (i % 4)
+        other.observe(rows, fast * rows**0.5)
+    assert other.choice == Choice(False, 1, 32, 2) and not other.in_lanes()

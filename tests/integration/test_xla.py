@@ -1,9 +1,12 @@
 """XLA for a compute-bound TF2 graph of small ops, through the real daemon and the KServe v2 gRPC client, with
 default flags: its lone runs try the function compiled (compiled off the requests' path, its answer checked), the
-answers stay TensorFlow's own, and a bad index still gets TensorFlow's error (XLA would clamp it)."""
+answers stay TensorFlow's own, and a bad index still gets TensorFlow's error (XLA would clamp it); under load its
+batches, padded to a few sizes, run compiled too, in one-thread lanes."""
 
 from __future__ import annotations
 
+import re
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -12,6 +15,7 @@ import pytest
 import tensorflow as tf
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+from servex.executor.batching import program_rows
 from servex.server.cores import usable_cores
 from tests.support.models import save, tanh_loop
 
@@ -100,3 +104,38 @@ def test_a_graph_of_small_ops_tries_xla_and_answers_as_tensorflow_does(start_dae
         assert "session (its TF2 function calls compiled with XLA) closed" not in log_text
     else:  # not chosen: its session given back
         assert "session (its TF2 function calls compiled with XLA) closed" in log_text
+
+
+@pytest.mark.skipif(usable_cores() < 2, reason="one core: every lone run stays on its worker's one thread")
+def test_under_load_a_graph_on_xla_runs_its_batches_compiled_in_lanes(start_daemon, embedding_loop_model):
+    daemon = start_daemon("--model_name=embedding_loop", f"--model_base_path={embedding_loop_model}")
+    channel = daemon.channel
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+    rng = np.random.default_rng(7)
+    chosen: list[str] = []
+    while not chosen:  # lone requests until the choice (1.2 ms a row compiled against 7.5 on its worker, here)
+        for _ in range(10):
+            stub.ModelInfer(infer_request(rng.integers(0, VOCAB, (1, 16), dtype=np.int32)), timeout=60)
+        chosen = [line for line in daemon.log().splitlines() if "runs on" in line and "client graph" in line]
+    assert "runs on XLA's compiled program" in chosen[0], daemon.log()[-3000:]
+
+    sent = [rng.integers(0, VOCAB, (1, 16), dtype=np.int32) for _ in range(8 * 60)]
+    answers: dict[int, np.ndarray] = {}
+
+    def caller(first: int) -> None:  # 8 callers at once, one request in flight each: batches form
+        for i in range(first, len(sent), 8):
+            reply = stub.ModelInfer(infer_request(sent[i]), timeout=60)
+            answers[i] = np.frombuffer(reply.raw_output_contents[0], np.float32).reshape(1, 128)
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(caller, range(8)))
+    log_text = daemon.log()
+    # Batches are padded to a few sizes, each compiled once seen a few times (1-row requests only: no other shape)
+    compiled = {int(m) for m in re.findall(r"XLA compiled its program for feed shapes \[(\d+), 16\]", log_text)}
+    assert compiled - {1}, log_text[-3000:]
+    assert compiled <= {program_rows(n, 32) for n in range(1, 33)}, compiled
+    # Its runs keep one thread each: it runs in lanes, one per core
+    assert re.search(r"compute-bound: batches of up to \d+ rows, up to \d+ runs at once, 1 intra-op thread", log_text)
+    model = tf.saved_model.load(str(embedding_loop_model / "1")).signatures["serving_default"]
+    expected = model(ids=tf.constant(np.concatenate(sent)))["h"].numpy()
+    np.testing.assert_allclose(np.concatenate([answers[i] for i in range(len(sent))]), expected, rtol=1e-4, atol=1e-5)

@@ -25,6 +25,7 @@ def test_the_xla_session_compiles_the_signatures_calls_over_a_copy_of_the_graph(
         model.variables.ensure([variable(model, "a"), variable(model, "b")]).result()
         session = twin.acquire()
         assert session.graph is not model.graph
+        assert session._config.intra_op_parallelism_threads == 1  # its programs run on one thread (loader/xla.py)
         for call in twin.calls:
             assert session.graph.get_operation_by_name(call).get_attr(MARK) is True
             with pytest.raises(ValueError):  # the served graph is not marked
