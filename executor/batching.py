@@ -1,7 +1,7 @@
 """How the requests of a batch become one run's inputs: TensorFlow Serving's BatchingParameters as servex applies
 them, the allowed batch size a batch is padded up to (and the sizes of a graph served by XLA's programs), and
-pad_variable_length_inputs (inputs of other lengths
-padded to the batch's largest, and what that padding would hold, for the RunHandler's byte bound)."""
+pad_variable_length_inputs (inputs of other lengths padded to the batch's largest, and what that padding would hold,
+for the RunHandler's byte bound)."""
 
 from __future__ import annotations
 

@@ -92,8 +92,8 @@ class LoadedClientGraph:
 
     def run(self, sorted_feeds: Sequence[np.ndarray], alone: bool = True) -> list[np.ndarray]:
         """Run with feed values in ``feeds`` order; returns fetches in ``fetch_names`` order, each an ndarray.
-        ``alone``: no other run of the graph goes and nothing of it waits; a run under load goes on its worker (in
-        the one-thread session, where its lone runs were found faster there)."""
+        ``alone``: no other run of the graph goes and nothing of it waits; a run under load goes on its worker, or
+        in the one-thread session or as XLA's program, where its lone runs were found faster there."""
         chooser = self._chooser
         _RAN.one_thread = _RAN.compiled = False
         if chooser is None:

@@ -22,9 +22,9 @@ measured (one process, both callables warm, run in turns, medians): DenseNet-121
 against 53.5 on its worker, ResNet-50 53.0 and 54.0, EfficientNetB0 24.5 and 25.0, MobileNetV2 16.7 and 16.6, the
 encoder 10.8 and 10.4, a GRU 3.1 and 3.1; the pool is for graphs with independent branches on more cores than one
 op's shards keep busy. Runs under load go on their worker (or in the one-thread session, or as XLA's programs, where
-chosen: client_graph.py): the pool's
-parallel ops fill cores a run alone leaves idle, but under load other runs and the calls fill them (at 32 callers on
-2 cores the pool served a GRU 1,412-1,508 sequences/s against 1,425-1,717 on its worker).
+chosen: client_graph.py): the pool's parallel ops fill cores a run alone leaves idle, but under load other runs and
+the calls fill them (at 32 callers on 2 cores the pool served a GRU 1,412-1,508 sequences/s against 1,425-1,717 on
+its worker).
 """
 
 from __future__ import annotations

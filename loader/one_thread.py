@@ -61,11 +61,15 @@ class OneThreadSession:
 
     what = "its runs use one intra-op thread"
 
-    def _new_session(self):
+    def _one_thread_config(self) -> tf.compat.v1.ConfigProto:
+        """The version's session config with one intra-op thread (its own pool where sessions own theirs)."""
         config = tf.compat.v1.ConfigProto()
         config.CopyFrom(self._config)
         config.intra_op_parallelism_threads = 1
-        return tf.compat.v1.Session(graph=self._graph, config=config)
+        return config
+
+    def _new_session(self):
+        return tf.compat.v1.Session(graph=self._graph, config=self._one_thread_config())
 
     def available(self) -> bool:
         """Whether a client graph may ask for it: sessions own their pools, and the first has more than one

@@ -60,9 +60,7 @@ class XlaSession(OneThreadSession):
         with copy.as_default():
             tf.graph_util.import_graph_def(graph_def, name="")
         copy.finalize()
-        config = tf.compat.v1.ConfigProto()
-        config.CopyFrom(self._config)
-        config.intra_op_parallelism_threads = 1  # (its own pool where sessions own theirs: one_thread.py)
+        config = self._one_thread_config()
         config.experimental.disable_functional_ops_lowering = True
         config.graph_options.rewrite_options.disable_meta_optimizer = True
         return tf.compat.v1.Session(graph=copy, config=config)
