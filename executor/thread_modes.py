@@ -42,18 +42,21 @@ log = logging.getLogger(__name__)
 WORKER, POOL, ONE_THREAD, XLA = "worker", "pool", "one_thread", "xla"
 # One thread is tried only where a lone run on its worker kept fewer cores than this busy (the process's CPU time
 # over the run's wall time, the most of ``BUSY_RUNS`` runs: another process taking a core makes a run longer, not
-# busier): one thread then takes about 0.55-0.8 of that CPU time. Measured on 2 cores: the encoder kept 1.06-1.19
-# cores busy, EfficientNetB0 1.41-1.53, MobileNetV2 1.23-1.51, and each ran faster on one thread; DenseNet-121
-# 1.63-1.65, as fast there (its trial cost its mean latency over the first 5 s at 1 caller 15%); ResNet-50
-# 1.79-1.82, 35-50% slower (its trial's ten runs took 75-82 ms against 50-55; once, disturbed, a median of three
-# of its runs read 1.66, and its first 5 s at 1 caller took a third longer).
-ONE_THREAD_BUSY = 1.6
+# busier): one thread then takes about 0.55-0.8 of that CPU time. Measured on 2 cores, on two hosts (an Intel Xeon,
+# an AMD EPYC): the encoder kept 1.02-1.25 cores busy on one and 1.52-1.71 on the other, EfficientNetB0 1.41-1.56,
+# MobileNetV2 1.23-1.66, and each ran as fast or faster on one thread (MobileNetV2 12.5-13.8 ms against 12.7-19.7 on
+# its worker, whose lone runs took 12.5 in some processes and 18-20 in others); DenseNet-121 1.58-1.76, as fast there
+# or slower (64.7 ms against 45.9); ResNet-50 1.79-1.90, 35-50% slower on one thread (75-82 ms against 50-55).
+ONE_THREAD_BUSY = 1.7
 # The modes tried only there: XLA's gains too are a graph of ops too small to split (a GRU kept 1.00 cores busy, the
 # encoder 1.06-1.22).
 GATED = (ONE_THREAD, XLA)
 BUSY_RUNS = 4
-# XLA's trial ends at its first run slower than this many times its worker's (MobileNetV2 ran 5x slower compiled).
-XLA_SLOWER = 1.5
+# A mode's trial ends where its first runs after its warm ones (how many: the first number) each took more than this
+# many times its worker's fastest (the second): XLA's program at its first (MobileNetV2 ran 5x slower compiled), one
+# thread at its second (a graph let in whose ops split over many cores would run several times slower there). Not
+# closer: on a noisy host the first runs after the warm ones of a graph as fast on one thread read up to 1.37x.
+SLOWER = {XLA: (1, 1.5), ONE_THREAD: (2, 1.5)}
 _WHERE = {
     WORKER: "its run worker",
     POOL: "TensorFlow's inter-op pool",
@@ -155,12 +158,20 @@ class ThreadModeChooser:
                 return
             b = bucket(rows)
             self._samples.setdefault((b, mode), []).append(seconds / rows)
-            worker = self._worker_best.get(b)
-            if mode == XLA and worker is not None and seconds / rows > XLA_SLOWER * worker:
-                self.modes.remove(XLA)
-                log.info("client graph %s: XLA's program is slower (%.1f ms a row against %.1f on its worker): "
-                         "not tried further", self.name, 1000 * seconds / rows, 1000 * worker)  # fmt: skip
+            self._drop_if_slower(mode, b)
             self._decide(b)
+
+    def _drop_if_slower(self, mode: str, b: int) -> None:
+        """Stop trying ``mode`` where its first runs at bucket ``b`` were all much slower than its worker's
+        (``SLOWER``; the lock is held)."""
+        runs, factor = SLOWER.get(mode, (0, 0.0))
+        samples = self._samples.get((b, mode), [])
+        worker = self._worker_best.get(b)
+        if len(samples) != runs or worker is None or min(samples) <= factor * worker:
+            return
+        self.modes.remove(mode)
+        log.info("client graph %s: %s is slower (%.1f ms a row against %.1f on its worker): not tried further",
+                 self.name, _WHERE[mode], 1000 * min(samples), 1000 * worker)  # fmt: skip
 
     def _decide(self, b: int) -> bool:
         """Choose once every mode has ``TRIALS`` runs at bucket ``b`` (the lock is held)."""

@@ -120,3 +120,26 @@ def test_xla_is_kept_where_faster_and_dropped_at_its_first_run_much_slower():
     # Where its worker's lone runs keep the cores busy (ResNet-50-like), XLA is not tried, nor compiled for.
     mode, tried = chosen({WORKER: 0.054, POOL: 0.053, ONE_THREAD: 0.071, XLA: 0.030}, busy=1.8)
     assert mode == WORKER and XLA not in tried and ONE_THREAD not in tried
+
+
+def test_one_thread_is_dropped_after_its_first_runs_much_slower():
+    # ResNet-50-like, let in where its lone runs read 1.65 cores busy, 1.6x slower on one thread: its warm runs and
+    # two more, then the others decide without it.
+    mode, tried = chosen({WORKER: 0.050, POOL: 0.051, ONE_THREAD: 0.080}, busy=1.65)
+    assert mode == WORKER and tried.count(ONE_THREAD) == ThreadModeChooser.WARM + 2
+    assert chosen({WORKER: 0.050, POOL: 0.051, ONE_THREAD: 0.069}, busy=1.65)[1].count(ONE_THREAD) == (
+        ThreadModeChooser.WARM + ThreadModeChooser.TRIALS
+    )  # DenseNet-121-like, 1.38x: tried in full (a faster graph's first runs read as much on a noisy host)
+    # One slow run of the two (a noisy host) does not end the trial of a mode that is faster.
+    chooser = ThreadModeChooser("g", (WORKER, ONE_THREAD))
+    one_thread = iter([0.020] * ThreadModeChooser.WARM + [0.030] + [0.010] * ThreadModeChooser.TRIALS)
+    while chooser.mode is None:
+        mode = chooser.pick()
+        chooser.record(mode, 1, next(one_thread) if mode == ONE_THREAD else 0.013, 1.5 if mode == WORKER else None)
+    assert chooser.mode == ONE_THREAD
+
+
+def test_one_thread_is_tried_below_the_busy_line_only():
+    # MobileNetV2-like on one host: its lone runs on its worker kept 1.66 cores busy, and one thread was faster.
+    assert chosen({WORKER: 0.018, POOL: 0.019, ONE_THREAD: 0.014}, busy=1.66)[0] == ONE_THREAD
+    assert chosen({WORKER: 0.018, POOL: 0.019, ONE_THREAD: 0.014}, busy=ONE_THREAD_BUSY)[0] == WORKER

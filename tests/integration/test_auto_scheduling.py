@@ -105,7 +105,9 @@ def test_one_request_of_a_compute_bound_model_runs_on_every_core(start_daemon, c
         (chosen,) = [line for line in daemon.log().splitlines() if "runs on" in line and "client graph" in line]
         busy = float(re.search(r"kept ([0-9.]+) cores busy", chosen).group(1))
         assert 0 < busy <= cores + 0.5
-        assert ("one intra-op thread" in chosen) == (busy < ONE_THREAD_BUSY)
+        # tried: timed beside the others, or dropped after its first runs, much slower
+        tried = "one intra-op thread" in chosen or "one intra-op thread is slower" in daemon.log()
+        assert tried == (busy < ONE_THREAD_BUSY)
     labels = {"model": "conv", "version": "1", "signature": "serving_default"}
     assert metric(daemon, "servex_scheduler_compute_bound", **labels) == 1
     assert metric(daemon, "servex_scheduler_concurrency", **labels) == COMPUTE_BOUND_RUNS
