@@ -43,11 +43,12 @@ WORKER, POOL, ONE_THREAD, XLA = "worker", "pool", "one_thread", "xla"
 # One thread is tried only where a lone run on its worker kept fewer cores than this busy (the process's CPU time
 # over the run's wall time, the most of ``BUSY_RUNS`` runs: another process taking a core makes a run longer, not
 # busier): one thread then takes about 0.55-0.8 of that CPU time. Measured on 2 cores, on two hosts (an Intel Xeon,
-# an AMD EPYC): the encoder kept 1.02-1.25 cores busy on one and 1.52-1.71 on the other, EfficientNetB0 1.41-1.56,
-# MobileNetV2 1.23-1.66, and each ran as fast or faster on one thread (MobileNetV2 12.5-13.8 ms against 12.7-19.7 on
-# its worker, whose lone runs took 12.5 in some processes and 18-20 in others); DenseNet-121 1.58-1.76, as fast there
-# or slower (64.7 ms against 45.9); ResNet-50 1.79-1.90, 35-50% slower on one thread (75-82 ms against 50-55).
-ONE_THREAD_BUSY = 1.7
+# an AMD EPYC): one thread was faster where the worker's runs kept few cores busy, the encoder (1.06-1.25 on the
+# first: 8.6 ms against 10.2), MobileNetV2 (1.23-1.51: 13.6 against 17.3) and EfficientNetB0 (1.41-1.56: 19.1-20.8
+# against 20.3-25.3); as fast or slower from about 1.55 up: MobileNetV2 on the second (1.50-1.66: 12.3 against 12.3,
+# its worker's runs 12.5 ms in some processes and 18-20 in others), the encoder there (1.56-1.73: 11.0 against 8.8),
+# DenseNet-121 (1.58-1.76: up to 64.7 against 45.9), ResNet-50 (1.79-1.90: 75-82 against 50-55).
+ONE_THREAD_BUSY = 1.6
 # The modes tried only there: XLA's gains too are a graph of ops too small to split (a GRU kept 1.00 cores busy, the
 # encoder 1.06-1.22).
 GATED = (ONE_THREAD, XLA)
