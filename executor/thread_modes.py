@@ -165,8 +165,10 @@ class ThreadModeChooser:
     def _drop_if_slower(self, mode: str, b: int) -> None:
         """Stop trying ``mode`` where its first runs at bucket ``b`` were all much slower than its worker's
         (``SLOWER``; the lock is held)."""
-        runs, factor = SLOWER.get(mode, (0, 0.0))
-        samples = self._samples.get((b, mode), [])
+        if mode not in SLOWER:
+            return
+        runs, factor = SLOWER[mode]
+        samples = self._samples[b, mode]
         worker = self._worker_best.get(b)
         if len(samples) != runs or worker is None or min(samples) <= factor * worker:
             return

@@ -7,7 +7,7 @@ it), drives KServe v2 ModelInfer through the kit's h2load driver at each concurr
 per level: rows/s and mean latency (h2load's), the mean batch a request ran in and the mean run time of its batch
 (``servex_batch_size``, ``servex_run_seconds``: both observed once per request), the cores the whole machine kept
 busy (``/proc/stat``), the busiest servex threads' cores (``/proc/PID/task``: the event loop, the run workers,
-TensorFlow's threads: by name), and h2load's. Used for docs/performance.md's GRU paragraph.
+TensorFlow's threads; unnamed), and h2load's. Used for docs/performance.md's GRU paragraph.
 """
 
 from __future__ import annotations
@@ -41,15 +41,14 @@ def scrape(port: int) -> dict[str, float]:
 
 
 def thread_seconds(pid: int) -> Counter:
-    """CPU seconds of each thread of ``pid`` so far, by (thread id, name)."""
+    """CPU seconds of each thread of ``pid`` so far."""
     out: Counter = Counter()
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
-            name, fields = (task / "stat").read_text().split(" (", 1)[1].rsplit(") ", 1)
-        except (OSError, ValueError):  # the thread ended
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended
             continue
-        fields = fields.split()
-        out[task.name, name] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        out[task.name] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     return out
 
 
@@ -65,11 +64,11 @@ def level(port: int, metrics_port: int, pid: int, frame: Path, c: int, seconds: 
     d = {n: m1[n] - m0[n] for n in SUMS}
     ticks = [b - a for a, b in zip(s0, s1, strict=True)]
     busy = len(os.sched_getaffinity(0)) * (1 - (ticks[3] + ticks[4]) / max(sum(ticks), 1))  # idle + iowait
-    threads = sorted((((t1[k] - t0.get(k, 0.0)) / wall, k[1]) for k in t1), reverse=True)[:5]
+    threads = sorted(((t1[k] - t0.get(k, 0.0)) / wall for k in t1), reverse=True)[:4]
     client = (k1.children_user + k1.children_system - k0.children_user - k0.children_system) / wall
     batch = d["servex_batch_size_sum"] / max(d["servex_batch_size_count"], 1)
     run_ms = 1000 * d["servex_run_seconds_sum"] / max(d["servex_run_seconds_count"], 1)
-    shown = ", ".join(f"{name} {t:.2f}" for t, name in threads)
+    shown = ", ".join(f"{t:.2f}" for t in threads)
     return (
         f"{c} callers: {r['rps']:,.0f} rows/s, mean {r['mean_ms']:.2f} ms; a request's batch {batch:.1f} rows, its "
         f"run {run_ms:.2f} ms; machine {busy:.2f} cores busy, servex's busiest threads {shown}, h2load {client:.2f}"
