@@ -13,19 +13,17 @@ Three modes:
   the five as much as or more than runs of two (batches of 16, 2 callers: 245 rows/s against 238, 144 against 136,
   104 against 100, 33 against 32, 35 against 34).
 
-A small graph always runs on its worker (handing its ops over costs more than they take; the second session would
-cost memory for nothing). A compute-bound one tries the modes it may take in turns (one thread only where its
-worker's lone runs left the cores idle enough: ``ONE_THREAD_BUSY``; XLA's program after one thread's trial, where one
-thread came close to its worker: ``XLA_AFTER_ONE_THREAD``), until ``TRIALS`` runs of each at one batch-size bucket
-were seen (after ``WARM``), then keeps the fastest, another than its worker only where it saves ``GAIN`` of the time
-(XLA's program: ``GAINS``). On 2 cores the worker and the pool came within 4% of each other on every model
-measured (one process, both callables warm, run in turns, medians): DenseNet-121 51.6 ms an image on the pool
-against 53.5 on its worker, ResNet-50 53.0 and 54.0, EfficientNetB0 24.5 and 25.0, MobileNetV2 16.7 and 16.6, the
-encoder 10.8 and 10.4, a GRU 3.1 and 3.1; the pool is for graphs with independent branches on more cores than one
-op's shards keep busy. Runs under load go on their worker (or in the one-thread session, or as XLA's programs, where
-chosen: client_graph.py): the pool's parallel ops fill cores a run alone leaves idle, but under load other runs and
-the calls fill them (at 32 callers on 2 cores the pool served a GRU 1,412-1,508 sequences/s against 1,425-1,717 on
-its worker).
+A small graph always runs on its worker (handing its ops over costs more than they take; the second session would cost
+memory for nothing). A compute-bound one tries the modes it may take in turns (one thread only where its worker's lone
+runs left the cores idle enough: ``ONE_THREAD_BUSY``), until ``TRIALS`` runs of each at one batch-size bucket were seen
+(after ``WARM``), then keeps the fastest, another than its worker only where it saves ``GAIN`` of the time (XLA's
+program: ``GAINS``). On 2 cores the worker and the pool came within 4% of each other on every model measured (one
+process, both callables warm, run in turns, medians): DenseNet-121 51.6 ms an image on the pool against 53.5 on its
+worker, ResNet-50 53.0 and 54.0, EfficientNetB0 24.5 and 25.0, MobileNetV2 16.7 and 16.6, the encoder 10.8 and 10.4, a
+GRU 3.1 and 3.1; the pool is for graphs with independent branches on more cores than one op's shards keep busy. Runs
+under load go on their worker (or in the one-thread session, or as XLA's programs, where chosen: client_graph.py): the
+pool's parallel ops fill cores a run alone leaves idle, but under load other runs and the calls fill them (at 32 callers
+on 2 cores the pool served a GRU 1,412-1,508 sequences/s against 1,425-1,717 on its worker).
 """
 
 from __future__ import annotations
@@ -53,13 +51,6 @@ ONE_THREAD_BUSY = 1.6
 # The modes tried only there: XLA's gains too are a graph of ops too small to split (a GRU kept 1.00 cores busy, the
 # encoder 1.06-1.22).
 GATED = (ONE_THREAD, XLA)
-# XLA's programs run on one thread (loader/xla.py), so they are tried after TensorFlow's kernels on one thread, and
-# only where those came within this of its worker's time: XLA gained most over them on loops of small ops, whose
-# worker's runs are no faster (a GRU: 1.1 ms compiled, 2.8-4.6 on either). Its trial is the dearest (a third session,
-# and a compile of 0.5-1.3 s of a core beside the requests: at 1 caller on 2 cores the encoder's requests took up to
-# twice as long meanwhile), and where one thread lost, it lost too (the encoder on the AMD host: one thread 10.8-11.0
-# ms, its program 10.9-12.8, its worker 8.7-8.8).
-XLA_AFTER_ONE_THREAD = 1.15
 BUSY_RUNS = 4
 # A mode's trial ends where its first runs after its warm ones (how many: the first number) each took more than this
 # many times its worker's fastest (the second): XLA's program at its first (MobileNetV2 ran 5x slower compiled), one
@@ -84,9 +75,9 @@ class ThreadModeChooser:
     WARM = 5
     TRIALS = 5
     GAIN = 0.05
-    # XLA's program is kept only where it saves more: under load each batch size it meets is compiled for (0.5-5 s
-    # of a core beside the requests). The GRU's saved 60%; the encoder's, chosen once at 6% (11.3 ms against 12.1,
-    # inside the host's noise), served 85 rows/s at 32 callers while its batch sizes compiled, against 159-173.
+    # XLA's program is kept only where it saves more: under load each batch size it meets is compiled for (0.2-5 s
+    # of a core beside the requests). The GRU's saved 55-65%; the encoder's, chosen once at 6% (11.3 ms against
+    # 12.1, inside the host's noise), served 85 rows/s at 32 callers while its batch sizes compiled, against 159-173.
     GAINS = {XLA: 0.15}
 
     def __init__(self, name: str = "", modes: Sequence[str] = (WORKER, POOL)):
@@ -95,8 +86,6 @@ class ThreadModeChooser:
         # the worker's runs showed how busy they keep the cores.
         self.modes = [WORKER, *(m for m in modes if m not in (WORKER, *GATED))]
         self._waiting = [m for m in GATED if m in modes]  # tried once the worker's runs left the cores idle enough
-        self._after_one_thread = XLA in modes and ONE_THREAD in modes  # XLA waits for one thread's trial too
-        self._xla_passed: str | None = None  # why XLA was not tried, where one thread's trial kept it out
         self._gated = bool(self._waiting)
         self._busy: list[float] = []  # cores a lone run on its worker kept busy
         self.busy_cores: float | None = None  # the most of them, once measured
@@ -113,8 +102,7 @@ class ThreadModeChooser:
     @property
     def runs(self) -> int:
         """Runs alone before the choice, at most (of a graph whose runs are all of one bucket)."""
-        waiting = len(self._waiting) if self._gated else int(self._after_one_thread)
-        return (len(self.modes) + waiting) * (self.WARM + self.TRIALS)
+        return (len(self.modes) + len(self._waiting) * self._gated) * (self.WARM + self.TRIALS)
 
     @property
     def gated(self) -> bool:
@@ -138,12 +126,6 @@ class ThreadModeChooser:
                 self._gated = self._gated and bool(self._waiting)
             if mode in self.modes:
                 self.modes.remove(mode)
-            if mode == XLA:
-                self._after_one_thread = False
-            elif mode == ONE_THREAD and self._after_one_thread:  # no one-thread runs to wait for: XLA is tried
-                self._after_one_thread = False
-                if not self._gated and XLA in self._waiting:
-                    self.modes.append(XLA)
             for b in {b for b, _ in self._samples}:
                 if self._decide(b):
                     return
@@ -169,8 +151,7 @@ class ThreadModeChooser:
                     self._gated = False
                     cores = self.busy_cores = max(self._busy)
                     tried = self._waiting if cores < ONE_THREAD_BUSY else []
-                    self._after_one_thread = self._after_one_thread and bool(tried)
-                    self.modes.extend(m for m in tried if not (m == XLA and self._after_one_thread))
+                    self.modes.extend(tried)
                     log.debug("client graph %s: a lone run kept %.2f cores busy: %s tried", self.name, cores,
                               " and ".join(tried) or "nothing more")  # fmt: skip
             if mode == WORKER:
@@ -208,8 +189,6 @@ class ThreadModeChooser:
             if len(samples) < self.TRIALS:
                 return False
             medians[mode] = float(np.median(samples))
-        if self._after_one_thread and self._xla_waits(medians):
-            return False
         best = min(medians, key=lambda m: medians[m] / (1 - self.GAINS.get(m, self.GAIN)))
         if medians[best] >= medians[WORKER] * (1 - self.GAINS.get(best, self.GAIN)):
             best = WORKER  # a tie stays on the worker, which hands nothing over and holds no second session
@@ -220,23 +199,8 @@ class ThreadModeChooser:
         if best == XLA and one is not None and one < medians[WORKER] * (1 - self.GAIN):
             self.under_load = ONE_THREAD
         shown = ", ".join(f"{1000 * s:.1f} ms on {_WHERE[m]}" for m, s in medians.items() if m != best)
-        if self._xla_passed is not None:
-            shown += f"; {_WHERE[XLA]} not tried: {self._xla_passed}"
         if self.busy_cores is not None:
             shown += f"; its lone runs on its worker kept {self.busy_cores:.2f} cores busy"
         log.info("client graph %s runs on %s (%.1f ms a row there; %s)", self.name, _WHERE[best],
                  1000 * medians[best], shown)  # fmt: skip
         return True
-
-    def _xla_waits(self, medians: dict[str, float]) -> bool:
-        """One thread's trial is over (``medians``): XLA joins where one thread came within XLA_AFTER_ONE_THREAD of
-        its worker, and the trial goes on (True); else it is not tried (the lock is held)."""
-        self._after_one_thread = False
-        worker, one = medians[WORKER], medians.get(ONE_THREAD)
-        if one is not None and one <= worker * XLA_AFTER_ONE_THREAD:
-            self.modes.append(XLA)
-            return True
-        self._xla_passed = "its programs run on one thread, " + (
-            "which was much slower" if one is None else f"{1000 * one:.1f} ms a row against {1000 * worker:.1f}"
-        )
-        return False

@@ -349,3 +349,10 @@ def test_a_graph_whose_runs_go_on_one_thread_runs_in_lanes_however_fast_its_rows
         rows = 1 << (i % 4)
         other.observe(rows, fast * rows**0.5)
     assert other.choice == Choice(False, 1, 32, 2) and not other.in_lanes()
+    # On XLA's programs while its batch sizes compile: most runs still in its version's session (no program for
+    # their size yet), yet it stays in lanes.
+    compiling = GraphCost(max_batch_size=32, workers=1, threads=2, compute_runs=2)
+    for i in range(2 * DECIDE_EVERY):
+        rows = 1 << (i % 4)
+        compiling.observe(rows, fast * rows**0.5 * (1 if i % 4 == 0 else 3), one_thread=i % 4 == 0, compiled=True)
+    assert compiling.choice == Choice(True, 2, 32, 1) and compiling.in_lanes()

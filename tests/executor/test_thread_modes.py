@@ -9,7 +9,6 @@ from servex.executor.thread_modes import (
     POOL,
     WORKER,
     XLA,
-    XLA_AFTER_ONE_THREAD,
     ThreadModeChooser,
 )
 
@@ -154,27 +153,6 @@ def test_one_thread_is_tried_below_the_busy_line_only():
     assert chosen({WORKER: 0.018, POOL: 0.019, ONE_THREAD: 0.014}, busy=ONE_THREAD_BUSY)[0] == WORKER
 
 
-ALL = (WORKER, POOL, ONE_THREAD, XLA)
-
-
-def test_xla_is_tried_after_one_thread_and_only_where_one_thread_came_close():
-    # A GRU-like graph: one thread as fast as its worker, XLA's program three times faster.
-    mode, tried = chosen({WORKER: 0.0032, POOL: 0.0037, ONE_THREAD: 0.0031, XLA: 0.0011}, busy=1.0)
-    assert mode == XLA
-    one_thread_runs = [i for i, m in enumerate(tried) if m == ONE_THREAD]
-    # Its session and compile only once one thread's trial is over.
-    assert tried.index(XLA) > one_thread_runs[ThreadModeChooser.WARM + ThreadModeChooser.TRIALS - 1]
-    # The encoder on one host: one thread 1.25x slower than its worker; XLA's program (one thread too) is not tried.
-    mode, tried = chosen({WORKER: 0.0088, POOL: 0.0087, ONE_THREAD: 0.0110, XLA: 0.0109}, busy=1.5)
-    assert mode == WORKER and XLA not in tried and ONE_THREAD in tried
-    # One thread dropped after its first runs (1.6x slower): XLA is not tried either.
-    mode, tried = chosen({WORKER: 0.050, POOL: 0.051, ONE_THREAD: 0.080, XLA: 0.010}, busy=1.55)
-    assert mode == WORKER and XLA not in tried
-    # Within XLA_AFTER_ONE_THREAD of its worker, XLA is tried, and kept where faster.
-    close = 0.0100 * XLA_AFTER_ONE_THREAD * 0.99
-    assert chosen({WORKER: 0.0100, POOL: 0.0110, ONE_THREAD: close, XLA: 0.0070}, busy=1.2)[0] == XLA
-
-
 def test_xla_must_save_more_than_the_other_modes():
     # 6% faster compiled (the encoder once, by the host's noise): its worker keeps it, batch sizes are not compiled.
     times = {WORKER: 0.0121, POOL: 0.0125, ONE_THREAD: 0.0120, XLA: 0.0113}
@@ -182,12 +160,3 @@ def test_xla_must_save_more_than_the_other_modes():
     assert chosen({**times, XLA: 0.0100}, busy=1.2)[0] == XLA  # 17% faster
     # One thread's smaller gain still counts against XLA's larger one.
     assert chosen({**times, ONE_THREAD: 0.0110, XLA: 0.0100}, busy=1.2)[0] == ONE_THREAD
-
-
-def test_xla_is_tried_where_the_one_thread_session_cannot_be_had():
-    chooser = ThreadModeChooser("g", ALL)
-    for _ in range(BUSY_RUNS):
-        chooser.record(WORKER, 1, 0.010, busy=1.0)
-    assert chooser.modes == [WORKER, POOL, ONE_THREAD]
-    chooser.drop(ONE_THREAD)
-    assert chooser.modes == [WORKER, POOL, XLA] and chooser.mode is None
