@@ -6,14 +6,16 @@
 For each round and model, one after another: ``inprocess``: ``signatures["serving_default"]`` of
 ``tf.saved_model.load`` in a fresh process of servex's venv, TensorFlow's default threading, called with
 ``tf.constant`` inputs (only the call timed): the mean batch-1 latency, and the limit, the best rows/s over batches
-of 1..32. ``servex`` (default flags, plus any ``--servex_flag``), ``kserve``, ``mlserver`` (the kit's peers, as
-scripts/bench_peers.py starts them): KServe v2 gRPC ModelInfer, one row of every input per request, closed-loop
-through the kit's h2load driver at each concurrency (rows/s, mean latency), then h2load's per-request log
-(p50/p99); a level runs --seconds, or longer where a slow model needs it for ~8 requests per caller; then 1 caller
-through grpcio's client too (through h2load, some large requests wait 40 ms unread: docs/performance.md). ModelInfer
-is checked (it answers the output) before and after the load, so errors are not counted as throughput; a server
-that fails is recorded and skipped. ``wide_deep_classify`` (with wide_deep): servex's TensorFlow Serving Classify,
-one serialized tf.Example per request, from a grpc.aio closed loop, against in-process ``classify`` calls.
+of 1..32 (each batch size's median over ``PASSES`` passes, the sizes in turns: the host's slow and fast phases last
+seconds, and the best of single passes picked the luckiest, up to 16% above the next run's). ``servex`` (default
+flags, plus any ``--servex_flag``), ``kserve``, ``mlserver`` (the kit's peers, as scripts/bench_peers.py starts
+them): KServe v2 gRPC ModelInfer, one row of every input per request, closed-loop through the kit's h2load driver at
+each concurrency (rows/s, mean latency), then h2load's per-request log (p50/p99); a level runs --seconds, or longer
+where a slow model needs it for ~8 requests per caller; then 1 caller through grpcio's client too (through h2load,
+some large requests wait 40 ms unread: docs/performance.md). ModelInfer is checked (it answers the output) before
+and after the load, so errors are not counted as throughput; a server that fails is recorded and skipped.
+``wide_deep_classify`` (with wide_deep): servex's TensorFlow Serving Classify, one serialized tf.Example per
+request, from a grpc.aio closed loop, against in-process ``classify`` calls.
 Prints one JSON line per measurement, then each model's ratios against the goals (medians over rounds), and
 writes DOCS/performance-suite.md and DOCS/img/suite.png (matplotlib). --models: the suite by default; also other
 architectures (suite_models.MORE: efficientnet_b0, densenet121, gru) to check the defaults on.
@@ -53,6 +55,7 @@ from scripts.suite_models import MODELS, SUITE, WIDE_DEEP_IDS, WIDE_DEEP_ROWS, e
 PY = REPO / ".venv" / "bin" / "python"
 DTYPES = {"FP32": np.float32, "INT32": np.int32, "INT64": np.int64}
 BATCHES = (1, 2, 4, 8, 16, 32)
+PASSES = 3
 PEERS = ("kserve", "mlserver")
 CLASSIFY = "wide_deep_classify"
 CLASSIFY_METHOD = "/tensorflow.serving.PredictionService/Classify"
@@ -107,10 +110,12 @@ def inprocess_child(spec: dict) -> None:
         return times
 
     latency = timed(feeds(1), seconds)
-    by_batch = {}
-    for b in BATCHES:
-        times = timed(feeds(b), max(1.0, seconds / 2))
-        by_batch[b] = round(b * len(times) / sum(times), 1)
+    passes: dict[int, list[float]] = {b: [] for b in BATCHES}
+    for _ in range(PASSES):
+        for b in BATCHES:
+            times = timed(feeds(b), max(1.0, seconds / 2) / PASSES)
+            passes[b].append(b * len(times) / sum(times))
+    by_batch = {b: round(statistics.median(rates), 1) for b, rates in passes.items()}
     best = max(by_batch, key=by_batch.get)
     print(json.dumps({"latency_ms": round(1000 * statistics.mean(latency), 3), "calls": len(latency),
                       "limit_rows_s": by_batch[best], "limit_batch": best, "by_batch": by_batch}))  # fmt: skip
@@ -362,7 +367,8 @@ def markdown(summary: dict, levels: list[int], a, elapsed: float) -> str:
         " through grpcio's client (grpc.aio, the request serialized once); wide_deep_classify:"
         " TensorFlow Serving Classify from a Python grpc.aio client, which takes more of the CPUs than h2load.",
         "- Requests carry one row (batch 1); rows/s of the servers is requests/s. In-process: mean batch-1 latency,"
-        " and the limit: the best rows/s over batches of 1..32 (the batch that gave it in brackets).",
+        " and the limit: the best rows/s over batches of 1..32, each batch's median over 3 passes in turns (the batch"
+        " that gave it in brackets).",
         "", "## Ratios", "",
         "| model | " + " | ".join(label for label, _, _ in GOALS.values()) + " |",
         "| --- " * (len(GOALS) + 1) + "|",
