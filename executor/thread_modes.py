@@ -15,15 +15,15 @@ Three modes:
 
 A small graph always runs on its worker (handing its ops over costs more than they take; the second session would cost
 memory for nothing). A compute-bound one tries the modes it may take in turns (one thread only where its worker's lone
-runs left the cores idle enough: ``ONE_THREAD_BUSY``), until ``TRIALS`` runs of each at one batch-size bucket were seen
-(after ``WARM``), then keeps the fastest, another than its worker only where it saves ``GAIN`` of the time (XLA's
-program: ``GAINS``). On 2 cores the worker and the pool came within 4% of each other on every model measured (one
-process, both callables warm, run in turns, medians): DenseNet-121 51.6 ms an image on the pool against 53.5 on its
-worker, ResNet-50 53.0 and 54.0, EfficientNetB0 24.5 and 25.0, MobileNetV2 16.7 and 16.6, the encoder 10.8 and 10.4, a
-GRU 3.1 and 3.1; the pool is for graphs with independent branches on more cores than one op's shards keep busy. Runs
-under load go on their worker (or in the one-thread session, or as XLA's programs, where chosen: client_graph.py): the
-pool's parallel ops fill cores a run alone leaves idle, but under load other runs and the calls fill them (at 32 callers
-on 2 cores the pool served a GRU 1,412-1,508 sequences/s against 1,425-1,717 on its worker).
+runs left the cores idle enough: ``ONE_THREAD_BUSY``; XLA's program, ``XLA_BUSY``), until ``TRIALS`` runs of each at one
+batch-size bucket were seen (after ``WARM``), then keeps the fastest, another than its worker only where it saves
+``GAIN`` of the time (XLA's program: ``GAINS``). On 2 cores the worker and the pool came within 4% of each other on
+every model measured (one process, both callables warm, run in turns, medians): DenseNet-121 51.6 ms an image on the
+pool against 53.5 on its worker, ResNet-50 53.0 and 54.0, EfficientNetB0 24.5 and 25.0, MobileNetV2 16.7 and 16.6, the
+encoder 10.8 and 10.4, a GRU 3.1 and 3.1; the pool is for graphs with independent branches on more cores than one op's
+shards keep busy. Runs under load go on their worker (or in the one-thread session, or as XLA's programs, where chosen:
+client_graph.py): the pool's parallel ops fill cores a run alone leaves idle, but under load other runs and the calls
+fill them (at 32 callers on 2 cores the pool served a GRU 1,412-1,508 sequences/s against 1,425-1,717 on its worker).
 """
 
 from __future__ import annotations
@@ -48,9 +48,15 @@ WORKER, POOL, ONE_THREAD, XLA = "worker", "pool", "one_thread", "xla"
 # its worker's runs 12.5 ms in some processes and 18-20 in others), the encoder there (1.56-1.73: 11.0 against 8.8),
 # DenseNet-121 (1.58-1.76: up to 64.7 against 45.9), ResNet-50 (1.79-1.90: 75-82 against 50-55).
 ONE_THREAD_BUSY = 1.6
-# The modes tried only there: XLA's gains too are a graph of ops too small to split (a GRU kept 1.00 cores busy, the
-# encoder 1.06-1.22).
+# The modes tried only there: XLA's gains too are a graph of ops too small to split. Its programs run on one thread
+# (loader/xla.py), and its trial is the dearest (a third session, and a compile of 0.2-1.3 s of a core beside the
+# requests: at 1 caller on 2 cores the encoder's mean latency over its first 5 s rose by 0.7-0.9 ms), so it is tried
+# below a lower line: it gained where a lone run kept a core busy, or little more (a GRU, 1.00-1.04 in every run:
+# 1.2-1.4 ms a row compiled against 2.8-3.5; the encoder on the first host, 1.06-1.25), and never above 1.5 (the
+# encoder on the second, 1.54-1.73: 10.9-12.8 ms compiled against 8.5-8.8 on its worker).
+XLA_BUSY = 1.4
 GATED = (ONE_THREAD, XLA)
+BUSY_LINE = {ONE_THREAD: ONE_THREAD_BUSY, XLA: XLA_BUSY}
 BUSY_RUNS = 4
 # A mode's trial ends where its first runs after its warm ones (how many: the first number) each took more than this
 # many times its worker's fastest (the second): XLA's program at its first (MobileNetV2 ran 5x slower compiled), one
@@ -150,7 +156,7 @@ class ThreadModeChooser:
                 if len(self._busy) >= BUSY_RUNS:
                     self._gated = False
                     cores = self.busy_cores = max(self._busy)
-                    tried = self._waiting if cores < ONE_THREAD_BUSY else []
+                    tried = [m for m in self._waiting if cores < BUSY_LINE[m]]
                     self.modes.extend(tried)
                     log.debug("client graph %s: a lone run kept %.2f cores busy: %s tried", self.name, cores,
                               " and ".join(tried) or "nothing more")  # fmt: skip

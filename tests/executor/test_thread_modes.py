@@ -9,6 +9,7 @@ from servex.executor.thread_modes import (
     POOL,
     WORKER,
     XLA,
+    XLA_BUSY,
     ThreadModeChooser,
 )
 
@@ -160,3 +161,14 @@ def test_xla_must_save_more_than_the_other_modes():
     assert chosen({**times, XLA: 0.0100}, busy=1.2)[0] == XLA  # 17% faster
     # One thread's smaller gain still counts against XLA's larger one.
     assert chosen({**times, ONE_THREAD: 0.0110, XLA: 0.0100}, busy=1.2)[0] == ONE_THREAD
+
+
+def test_xla_is_tried_below_its_own_busy_line():
+    # The encoder on one host: its lone runs kept 1.54-1.73 cores busy; one thread is tried there, XLA's program (one
+    # thread too, and the dearest trial) only below XLA_BUSY, where a GRU's 1.00-1.04 and that host's 1.06-1.25 read.
+    times = {WORKER: 0.0088, POOL: 0.0087, ONE_THREAD: 0.0110, XLA: 0.0070}
+    mode, tried = chosen(times, busy=XLA_BUSY + 0.1)
+    assert mode == WORKER and ONE_THREAD in tried and XLA not in tried
+    mode, tried = chosen(times, busy=XLA_BUSY - 0.1)
+    assert mode == XLA and ONE_THREAD in tried
+    assert XLA_BUSY < ONE_THREAD_BUSY
