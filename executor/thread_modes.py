@@ -55,8 +55,7 @@ ONE_THREAD_BUSY = 1.6
 # 1.2-1.4 ms a row compiled against 2.8-3.5; the encoder on the first host, 1.06-1.25), and never above 1.5 (the
 # encoder on the second, 1.54-1.73: 10.9-12.8 ms compiled against 8.5-8.8 on its worker).
 XLA_BUSY = 1.4
-GATED = (ONE_THREAD, XLA)
-BUSY_LINE = {ONE_THREAD: ONE_THREAD_BUSY, XLA: XLA_BUSY}
+BUSY_LINE = {ONE_THREAD: ONE_THREAD_BUSY, XLA: XLA_BUSY}  # the modes tried only below a line, and their lines
 BUSY_RUNS = 4
 # A mode's trial ends where its first runs after its warm ones (how many: the first number) each took more than this
 # many times its worker's fastest (the second): XLA's program at its first (MobileNetV2 ran 5x slower compiled), one
@@ -90,8 +89,8 @@ class ThreadModeChooser:
         self.name = name
         # The first run on its worker: a small graph is told at once, with nothing else made. One thread joins once
         # the worker's runs showed how busy they keep the cores.
-        self.modes = [WORKER, *(m for m in modes if m not in (WORKER, *GATED))]
-        self._waiting = [m for m in GATED if m in modes]  # tried once the worker's runs left the cores idle enough
+        self.modes = [WORKER, *(m for m in modes if m != WORKER and m not in BUSY_LINE)]
+        self._waiting = [m for m in BUSY_LINE if m in modes]  # tried once the worker's runs left the cores idle enough
         self._gated = bool(self._waiting)
         self._busy: list[float] = []  # cores a lone run on its worker kept busy
         self.busy_cores: float | None = None  # the most of them, once measured
