@@ -1,13 +1,15 @@
 """Where one suite model's load goes in servex: rows/s, batches, run times, and the cores each thread kept busy.
 
-    python scripts/bench_load.py gru [--concurrency 1,8,32] [--seconds 8] [--models_dir /tmp/suite] [--servex_flag=--X]
+    python scripts/bench_load.py gru [--concurrency 1,8,32,4x8] [--seconds 8] [--models_dir /tmp/suite]
+        [--servex_flag=--X]
 
 Starts servex (default flags, plus any ``--servex_flag``) on ``MODELS_DIR/MODEL`` (scripts/suite_models.py exports
-it), drives KServe v2 ModelInfer through the kit's h2load driver at each concurrency, one after another, and prints
-per level: rows/s and mean latency (h2load's), the mean batch a request ran in and the mean run time of its batch
-(``servex_batch_size``, ``servex_run_seconds``: both observed once per request), the cores the whole machine kept
-busy (``/proc/stat``), the busiest servex threads' cores (``/proc/PID/task``: the event loop, the run workers,
-TensorFlow's threads; unnamed), and h2load's. Used for docs/performance.md's GRU paragraph.
+it), drives KServe v2 ModelInfer through the kit's h2load driver at each level, one after another (``C``: C callers,
+one row a request; ``CxR``: C callers, R rows a request), and prints per level: rows/s, calls/s and mean latency
+(h2load's), the mean batch a request ran in and the mean run time of its batch (``servex_batch_size``,
+``servex_run_seconds``: both observed once per request), the cores the whole machine kept busy (``/proc/stat``), the
+busiest servex threads' cores and the time they waited, runnable, for a core (``/proc/PID/task``: the event loop,
+the run workers, TensorFlow's threads; unnamed), and h2load's. Used for docs/performance.md's GRU paragraph.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,15 +41,15 @@ def scrape(port: int) -> dict[str, float]:
     return {n: sum(float(m.group(1)) for m in re.finditer(rf"^{n}{{[^}}]*}} (\S+)", text, re.M)) for n in SUMS}
 
 
-def thread_seconds(pid: int) -> Counter:
-    """CPU seconds of each thread of ``pid`` so far."""
-    out: Counter = Counter()
+def thread_seconds(pid: int) -> dict[str, tuple[float, float]]:
+    """Seconds each thread of ``pid`` ran on a core and waited, runnable, for one so far (its schedstat)."""
+    out = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            ran, waited = (task / "schedstat").read_text().split()[:2]
         except OSError:  # the thread ended
             continue
-        out[task.name] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        out[task.name] = (int(ran) / 1e9, int(waited) / 1e9)
     return out
 
 
@@ -56,7 +57,7 @@ def machine() -> list[int]:
     return [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
 
 
-def level(port: int, metrics_port: int, pid: int, frame: Path, c: int, seconds: int) -> str:
+def level(port: int, metrics_port: int, pid: int, frame: Path, c: int, per_call: int, seconds: int) -> str:
     m0, t0, s0, k0, w0 = scrape(metrics_port), thread_seconds(pid), machine(), os.times(), time.monotonic()
     r = h2load_run(port, str(frame), c, seconds, METHOD)
     m1, t1, s1, k1 = scrape(metrics_port), thread_seconds(pid), machine(), os.times()
@@ -64,14 +65,16 @@ def level(port: int, metrics_port: int, pid: int, frame: Path, c: int, seconds: 
     d = {n: m1[n] - m0[n] for n in SUMS}
     ticks = [b - a for a, b in zip(s0, s1, strict=True)]
     busy = len(os.sched_getaffinity(0)) * (1 - (ticks[3] + ticks[4]) / max(sum(ticks), 1))  # idle + iowait
-    threads = sorted(((t1[k] - t0.get(k, 0.0)) / wall for k in t1), reverse=True)[:4]
+    before = lambda k: t0.get(k, (0.0, 0.0))  # noqa: E731
+    threads = sorted(((t1[k][0] - before(k)[0]) / wall, (t1[k][1] - before(k)[1]) / wall) for k in t1)[::-1][:4]
     client = (k1.children_user + k1.children_system - k0.children_user - k0.children_system) / wall
     batch = d["servex_batch_size_sum"] / max(d["servex_batch_size_count"], 1)
     run_ms = 1000 * d["servex_run_seconds_sum"] / max(d["servex_run_seconds_count"], 1)
-    shown = ", ".join(f"{t:.2f}" for t in threads)
+    shown = ", ".join(f"{ran:.2f} (waited {waited:.2f})" for ran, waited in threads)
     return (
-        f"{c} callers: {r['rps']:,.0f} rows/s, mean {r['mean_ms']:.2f} ms; a request's batch {batch:.1f} rows, its "
-        f"run {run_ms:.2f} ms; machine {busy:.2f} cores busy, servex's busiest threads {shown}, h2load {client:.2f}"
+        f"{c} callers x {per_call} rows: {r['rps'] * per_call:,.0f} rows/s, {r['rps']:,.0f} calls/s, mean "
+        f"{r['mean_ms']:.2f} ms; a request's batch {batch:.1f} rows, its run {run_ms:.2f} ms; machine {busy:.2f} "
+        f"cores busy, servex's busiest threads {shown}, h2load {client:.2f}"
     )
 
 
@@ -95,11 +98,11 @@ def main() -> None:
         )  # fmt: skip
         try:
             wait_ready(port, proc, a.model)
-            payload = infer_request(a.model).SerializeToString()
-            frame = Path(tmp) / "request.grpc"
-            frame.write_bytes(b"\0" + struct.pack(">I", len(payload)) + payload)  # a gRPC message frame
-            for c in (int(x) for x in a.concurrency.split(",")):
-                print(level(port, metrics_port, proc.pid, frame, c, a.seconds), flush=True)
+            for c, per_call in (map(int, (x + "x1").split("x")[:2]) for x in a.concurrency.split(",")):
+                payload = infer_request(a.model, per_call).SerializeToString()
+                frame = Path(tmp) / f"request-{per_call}.grpc"
+                frame.write_bytes(b"\0" + struct.pack(">I", len(payload)) + payload)  # a gRPC message frame
+                print(level(port, metrics_port, proc.pid, frame, c, per_call, a.seconds), flush=True)
         finally:
             stop(proc)
             log.close()

@@ -128,13 +128,13 @@ def command(server: str, model: str, base: Path, port: int, a) -> list[str]:
             "32", "0.002"]  # fmt: skip
 
 
-def infer_request(model: str) -> service_pb2.ModelInferRequest:
-    """One row of every input of ``model``, as raw_input_contents."""
+def infer_request(model: str, batch: int = 1) -> service_pb2.ModelInferRequest:
+    """``batch`` rows (one by default) of every input of ``model``, as raw_input_contents."""
     rng = np.random.default_rng(0)
     request = service_pb2.ModelInferRequest(model_name=model)
     for inp in MODELS[model].inputs:
-        request.inputs.add(name=inp.name, datatype=inp.dtype, shape=[1, *inp.row])
-        request.raw_input_contents.append(rows(inp, 1, rng).tobytes())  # in the inputs' order
+        request.inputs.add(name=inp.name, datatype=inp.dtype, shape=[batch, *inp.row])
+        request.raw_input_contents.append(rows(inp, batch, rng).tobytes())  # in the inputs' order
     return request
 
 
