@@ -19,9 +19,15 @@ import multiprocessing
 import socket
 import statistics
 import struct
+import sys
 import time
+from pathlib import Path
 
-import grpc
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import grpc  # noqa: E402
+
+from scripts.bench_peers import free_port  # noqa: E402
 
 METHOD = "/bench.Wait/Call"
 ANSWER = b"x" * 4000
@@ -75,12 +81,6 @@ def tcp_server(port: int, ready) -> None:
         await server.serve_forever()
 
     asyncio.run(main())
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def grpc_calls(port: int, body: bytes, wait_ms: float, calls: int) -> list[float]:
