@@ -288,6 +288,54 @@ def test_a_graph_in_one_thread_lanes_splits_its_queued_rows_between_its_lanes():
     assert executor.runs == [5, 5]
 
 
+class Gated(Doubler):
+    """Its first run waits (up to 10 s) for ``release``; every run records the worker it went on."""
+
+    def __init__(self):
+        super().__init__()
+        self.started, self.release = threading.Event(), threading.Event()
+        self.workers: list[str] = []
+
+    def run(self, feeds, fetches, targets=(), graph_name="", pin=False, alone=True):
+        self.workers.append(threading.current_thread().name)
+        if len(self.workers) == 1:
+            self.started.set()
+            assert self.release.wait(10)
+        return super().run(feeds, fetches)
+
+
+def test_a_graph_that_runs_one_at_a_time_wakes_no_other_worker_and_keeps_its_runs_on_one():
+    # A compute-bound graph one run at a time (its trial's choice), two workers: the idle one is woken neither by the
+    # requests that queue behind the run (it could not run them) nor at the run's end (the worker that ran it takes
+    # the next batch itself). Each such wake-up is a thread switch for nothing, beside the run and the event loop.
+    handler = RunHandler(2, batching=AUTO)
+    executor = Gated()
+    ticket = Ticket()
+    notified = []
+
+    async def main():
+        first = handler.submit_batchable(executor, {"x": rows(1)[0]}, ["y"], False, ticket)
+        await asyncio.get_running_loop().run_in_executor(None, executor.started.wait, 10)
+        (cost,) = handler._costs[executor].graphs.values()
+        cost.observe = lambda *args, **kwargs: None  # one at a time, as learned
+        cost.verified, cost.concurrency = True, 1
+        while handler._waiting != 1:  # the other worker waits for work
+            await asyncio.sleep(0.001)
+        notify = handler._cond.notify
+        handler._cond.notify = lambda n=1: (notified.append(n), notify(n))
+        queued = [handler.submit_batchable(executor, {"x": v}, ["y"], False, ticket) for v in rows(4, 2.0)]
+        executor.release.set()
+        results = await asyncio.gather(first, *queued)
+        del handler._cond.notify  # (closing wakes every worker)
+        return results
+
+    results = served(handler, main)
+    assert [r[0].tolist() for r in results] == [(v * 2).tolist() for v in rows(1) + rows(4, 2.0)]
+    assert executor.runs == [1, 4]  # the four queued behind the run went as one batch
+    assert notified == []
+    assert executor.workers[0] == executor.workers[1]
+
+
 class Compiled(Doubler):
     """A graph whose runs take XLA's programs (client_graph.py says so for each run, as LoadedClientGraph.run does),
     recording each run's feed."""
