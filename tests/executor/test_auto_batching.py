@@ -336,6 +336,47 @@ def test_a_graph_that_runs_one_at_a_time_wakes_no_other_worker_and_keeps_its_run
     assert executor.workers[0] == executor.workers[1]
 
 
+class GatedThenMeeting(Gated):
+    """Its first run waits for ``release``; the later ones each wait (up to 5 s) for another to be going."""
+
+    def __init__(self):
+        super().__init__()
+        self.barrier = threading.Barrier(2, timeout=5)
+
+    def run(self, feeds, fetches, targets=(), graph_name="", pin=False, alone=True):
+        later = bool(self.workers)
+        result = super().run(feeds, fetches)
+        if later:
+            self.barrier.wait()
+        return result
+
+
+def test_a_graph_whose_runs_at_once_rose_while_its_requests_queued_wakes_a_worker_at_its_run_s_end():
+    # One at a time while four requests queued behind its run (no worker woken for them), then two at once (a
+    # trial's next phase): the run's end wakes the other worker, and the queued batches go two at once.
+    handler = RunHandler(2, batching=BatchingOptions(max_batch_size=2, auto=True))
+    executor = GatedThenMeeting()
+    ticket = Ticket()
+
+    async def main():
+        first = handler.submit_batchable(executor, {"x": rows(1)[0]}, ["y"], False, ticket)
+        await asyncio.get_running_loop().run_in_executor(None, executor.started.wait, 10)
+        (cost,) = handler._costs[executor].graphs.values()
+        cost.observe = lambda *args, **kwargs: None
+        cost.verified, cost.concurrency = True, 1
+        while handler._waiting != 1:
+            await asyncio.sleep(0.001)
+        queued = [handler.submit_batchable(executor, {"x": v}, ["y"], False, ticket) for v in rows(4, 2.0)]
+        cost.concurrency = 2
+        executor.release.set()
+        return await asyncio.gather(first, *queued)
+
+    results = served(handler, main)
+    assert [r[0].tolist() for r in results] == [(v * 2).tolist() for v in rows(1) + rows(4, 2.0)]
+    assert executor.runs == [1, 2, 2]
+    assert len(set(executor.workers[1:])) == 2  # the two batches went at once, on both workers
+
+
 class Compiled(Doubler):
     """A graph whose runs take XLA's programs (client_graph.py says so for each run, as LoadedClientGraph.run does),
     recording each run's feed."""
