@@ -70,6 +70,7 @@ class BatchRuns:
                 rows += other.rows
         if item.cost is not None:
             item.cost.waiting = rows + left  # the load on the graph, for its runs at once (runs_at_once.py)
+            item.cost.load = rows + left + item.cost.running_rows  # and with its other runs' (cost_model.py)
             item.cost.running_rows += rows  # until its run is over (RunHandler._work)
 
     def _over_padded_bytes(self, padded: PaddedBatch, batching: BatchingOptions, feeds: dict) -> bool:
@@ -104,7 +105,7 @@ class BatchRuns:
                 if size > total:  # pad with copies of the last row, as TensorFlow Serving pads
                     parts.append(np.repeat(parts[-1][-1:], size - total, axis=0))
                 feeds[name] = parts[0] if len(parts) == 1 else np.concatenate(parts)
-            before, waiting = (cost.running, cost.waiting) if cost is not None else (1, total)
+            before, waiting, load = (cost.running, cost.waiting, cost.load) if cost is not None else (1, total, 0)
             outputs = executor.run(feeds, fetches, (), "", pin, alone=goes_alone(before, waiting, total))
             seconds = time.monotonic() - started
             if any(o.ndim == 0 or o.shape[0] != size for o in outputs):
@@ -132,6 +133,7 @@ class BatchRuns:
                 waiting,
                 one_thread=ran_on_one_thread(),
                 compiled=ran_compiled_graph(),
+                load=load,
             )
         trace_batch(batch, started, started + seconds, size)
         self._metrics_for(first.ticket).stats.ran(len(batch), total, seconds)  # one graph: one model version
@@ -166,7 +168,8 @@ class BatchRuns:
 
     def _run_alone(self, item: WorkItem, executor, fetches, pin, started: float, held: Held) -> bool:
         """Run ``item`` on its own and hand its answer back; whether it ran without an error."""
-        before, waiting = (item.cost.running, item.cost.waiting) if item.cost is not None else (1, item.rows)
+        cost = item.cost
+        before, waiting, load = (cost.running, cost.waiting, cost.load) if cost is not None else (1, item.rows, 0)
         alone = goes_alone(before, waiting, item.rows)
         try:
             result, ok = executor.run(item.feeds, fetches, (), "", pin, alone=alone), True
@@ -182,6 +185,7 @@ class BatchRuns:
                 waiting,
                 one_thread=ran_on_one_thread(),
                 compiled=ran_compiled_graph(),
+                load=load,
             )
         if item.ticket.trace is not None:
             trace_run(item, started, ended, item.rows)

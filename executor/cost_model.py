@@ -20,7 +20,8 @@ time divided by two is less than the same run's alone), and from their medians c
   curve, the smallest batch size whose time per row is within ``KNEE_TOLERANCE`` of the best size seen (its
   bucket's largest size; the maximum where that is within a quarter of it, or where the curve was not seen
   ``KNEE_SPAN`` buckets beyond it), on the curve of the kind of runs (alone or shared) that most of the last
-  ``WINDOW`` were, from runs among the graph's last ``STALE_RUNS``. Larger batches would hold more memory and make
+  ``WINDOW`` were, from runs among the graph's last ``STALE_RUNS`` taken under about the load it has now
+  (``LOAD_BAND``). Larger batches would hold more memory and make
   each caller wait longer for little more throughput. Until a bucket has been seen, the configured maximum stands;
   once a knee is chosen, every ``EXPLORE_EVERY``-th batch may take the next bucket up (every other time the one
   beyond), so that a curve that changes (another input size, another load on the machine) is seen again. A new
@@ -66,6 +67,12 @@ EXPLORE_EVERY = 16  # with a knee below the maximum, every 16th batch may take t
 # (fewer callers, fewer rows) are not compared with today's. MobileNetV2's 4-7-row runs from 8 callers came within
 # 2% of its 16-31-row runs at 32, where the client takes more of the cores, and the limit fell to 7 rows.
 STALE_RUNS = 8 * WINDOW
+# And only runs taken under about the load the graph has now: a run's load is the graph's rows in the scheduler when
+# its batch was taken (its own, those left queued, those in its other runs), the load now the median of the last
+# WINDOW runs', and a run counts where its load is within LOAD_BAND times that, either way. MobileNetV2's one-row
+# runs from one caller (12.9 ms a row alone) were still among its last 128 at 32 callers, within 2% of the 16-31-row
+# runs there (12.7 ms), and the limit fell to 1 row: 0.67x in-process TensorFlow's best.
+LOAD_BAND = 2.0
 VERIFY_REQUESTS = 4  # requests of the first batch that are also run one by one to check batching's answers
 # Runs of a compute-bound graph at once. Measured on 2 cores at 32 callers (batches up to 32, alternating servers):
 # two runs at once served MobileNetV2 95-122 images/s against 83-100 for one, ResNet-50 22.4 against 19.4, the
@@ -145,7 +152,9 @@ class GraphCost:
         self.on_change = on_change
         self._lock = threading.Lock()
         # (shared, bucket) -> the last WINDOW runs' seconds per row, runs alone and runs that shared apart
-        self._per_row: dict[tuple[bool, int], deque[tuple[int, float]]] = {}  # (run's number, seconds a row)
+        # (run's number, seconds a row, load: 0 where unknown)
+        self._per_row: dict[tuple[bool, int], deque[tuple[int, float, int]]] = {}
+        self._loads = deque(maxlen=WINDOW)  # the known loads of the last runs
         self._shared = deque(maxlen=WINDOW)  # whether each of the last runs shared the cores
         self._runs = 0
         self._batches = 0
@@ -153,6 +162,7 @@ class GraphCost:
         self.running = 0  # runs of it going now (the RunHandler counts them under its lock)
         self.running_rows = 0  # the rows of those runs (the same)
         self.waiting = 0  # rows of it queued when its last batch was taken, that batch's included (the same)
+        self.load = 0  # those and the rows of its other runs then (the same): the load its run is measured under
         # Batching's answers checked against runs one by one: None until a batch was checked.
         self.verified: bool | None = None
         self.choice = Choice(False, workers, max_batch_size, threads)
@@ -171,6 +181,7 @@ class GraphCost:
         ended: float | None = None,
         one_thread: bool = False,
         compiled: bool = False,
+        load: int = 0,
     ) -> Choice | None:
         """A run of ``rows`` rows took ``seconds`` while ``at_once`` runs of the graph went (this one included, on
         average over the run), ending at ``ended`` (by default now), its batch taken where ``waiting`` rows of the
@@ -180,7 +191,8 @@ class GraphCost:
         two runs at once then ran (more callers), and the limit fell to 1 row for seconds at each rise of the load.
         A compute-bound graph's runs at once are learned by trial (runs_at_once.py). ``one_thread``: the run went
         in the version's one-thread session (thread_modes.py); ``compiled``: its graph's runs take XLA's programs
-        (its batches are then padded to batching.py's ``program_rows``)."""
+        (its batches are then padded to batching.py's ``program_rows``); ``load``: the graph's rows in the scheduler
+        when its batch was taken (``waiting`` and the rows of its other runs; 0: unknown, it counts at any load)."""
         if rows < 1 or seconds < 0:
             return None
         self.compiled = compiled
@@ -199,7 +211,9 @@ class GraphCost:
             if window is None:
                 window = self._per_row[key] = deque(maxlen=WINDOW)
             self._runs += 1
-            window.append((self._runs, seconds / max(at_once, 1.0) / rows))
+            window.append((self._runs, seconds / max(at_once, 1.0) / rows, load))
+            if load > 0:
+                self._loads.append(load)
             tried = None
             if self.choice.compute_bound:  # how many of its runs go at once: learned by trial (runs_at_once.py)
                 tried = self.runs.observe(rows, max(waiting, rows), ended - seconds, ended, self.running)
@@ -258,8 +272,10 @@ class GraphCost:
 
     def _seen(self, shared: bool) -> dict[int, float]:
         seen = {}
+        now = statistics.median(self._loads) if self._loads else 0
+        low, high = now / LOAD_BAND, now * LOAD_BAND
         for (kind, b), window in self._per_row.items():
-            fresh = [t for n, t in window if n > self._runs - STALE_RUNS]
+            fresh = [t for n, t, load in window if n > self._runs - STALE_RUNS and (not load or low <= load <= high)]
             if kind == shared and len(fresh) >= MIN_SAMPLES:
                 seen[b] = statistics.median(fresh)
         return seen
@@ -268,7 +284,7 @@ class GraphCost:
 
     def _decide(self) -> Choice:
         seen = self._seen(self._sharing())  # the curve of the kind of runs the graph runs now
-        one_rows = [t for (_, b), w in self._per_row.items() if b == 0 and len(w) >= MIN_SAMPLES for _, t in w]
+        one_rows = [t for (_, b), w in self._per_row.items() if b == 0 and len(w) >= MIN_SAMPLES for _, t, _ in w]
         if not seen and not one_rows:
             return self.choice
         # From one-row runs only (a larger batch's time says little of one row's where the call is the cost), and

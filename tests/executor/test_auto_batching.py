@@ -235,10 +235,10 @@ def test_each_batch_reports_the_rows_that_waited_for_its_graph_when_it_was_taken
         (cost,) = handler._costs[executor].graphs.values()
         observe = cost.observe
 
-        def recording(n, seconds, at_once=1.0, waiting=0, ended=None, one_thread=False, compiled=False):
+        def recording(n, seconds, at_once=1.0, waiting=0, ended=None, one_thread=False, compiled=False, load=0):
             if waiting:  # (the first batch's check runs its requests alone too: those report none)
-                seen.append((n, waiting))
-            return observe(n, seconds, at_once, waiting, ended, one_thread, compiled)
+                seen.append((n, waiting, load))
+            return observe(n, seconds, at_once, waiting, ended, one_thread, compiled, load)
 
         cost.observe = recording
         busy.release.set()
@@ -247,7 +247,8 @@ def test_each_batch_reports_the_rows_that_waited_for_its_graph_when_it_was_taken
 
     results = served(handler, main)
     assert [r[0].tolist() for r in results] == [(v * 2).tolist() for v in rows(10)]
-    assert seen == [(4, 10), (4, 6), (2, 2)]
+    # One worker: no other run's rows, so its load (the cost model's) is the rows that waited.
+    assert seen == [(4, 10, 10), (4, 6, 6), (2, 2, 2)]
 
 
 class Meeting(Doubler):
@@ -277,15 +278,19 @@ def test_a_graph_in_one_thread_lanes_splits_its_queued_rows_between_its_lanes():
         await second.wait_started()
         futures = [handler.submit_batchable(executor, {"x": v}, ["y"], False, ticket) for v in rows(10)]
         (cost,) = handler._costs[executor].graphs.values()
-        cost.observe = lambda *args, **kwargs: None  # its runs in the one-thread session, as learned
+        cost.observe = lambda *args, load, **kwargs: loads.append(load)  # its runs one-thread, as learned
         cost.verified, cost.run_threads, cost.concurrency = True, 1, 2
         first.release.set()
         second.release.set()
         return await asyncio.gather(*futures)
 
+    loads = []
     results = served(handler, main)
     assert [r[0].tolist() for r in results] == [(v * 2).tolist() for v in rows(10)]
     assert executor.runs == [5, 5]
+    # Each batch's load, for the cost model: the graph's rows in the scheduler when it was taken. The first's, its
+    # own and the five left queued; the second's, its own and the first's five running.
+    assert loads == [10, 10]
 
 
 class Gated(Doubler):

@@ -171,6 +171,37 @@ def test_runs_of_another_load_stop_counting():
     assert cost.choice.batch_limit == 32
 
 
+def one_caller_then_thirty_two(load: bool) -> GraphCost:
+    """MobileNetV2 as measured: one caller's one-row runs alone, 12.9 ms; then 32 callers, its batches alone of 8
+    and 16 rows, 13.8 and 12.7 ms a row (the loads given when ``load``)."""
+    cost = GraphCost(max_batch_size=32, workers=1)
+    for _ in range(3 * DECIDE_EVERY):
+        cost.observe(1, 0.0129, waiting=1, load=1 if load else 0)
+    for _ in range(3 * DECIDE_EVERY):
+        cost.observe(16, 16 * 0.0127, waiting=28, load=31 if load else 0)
+        cost.observe(8, 8 * 0.0138, waiting=12, load=30 if load else 0)
+    return cost
+
+
+def test_a_knee_is_chosen_on_runs_of_about_the_load_now():
+    # Among the graph's last STALE_RUNS runs, one caller's one-row runs come within 2% of the 16-row ones at 32
+    # callers (their host was quieter), and the limit falls to 1 row, at the load where batches serve the most.
+    assert one_caller_then_thirty_two(load=False).choice.batch_limit == 1
+    # Each run's load (its graph's rows in the scheduler when its batch was taken) tells them apart: the runs of
+    # one caller stop counting at 32 callers' load, and the curve there decides: the maximum.
+    cost = one_caller_then_thirty_two(load=True)
+    assert cost.per_row_seconds() == pytest.approx({3: 0.0138, 4: 0.0127})
+    assert cost.choice.batch_limit == 32
+    # Back at one caller, its one-row runs alone count, and 32 callers' do not.
+    for _ in range(2 * DECIDE_EVERY):
+        cost.observe(1, 0.0129, waiting=1, load=1)
+    assert cost.per_row_seconds() == pytest.approx({0: 0.0129})
+    # A run of an unknown load (0) counts at any load.
+    for _ in range(3):
+        cost.observe(16, 16 * 0.0127)
+    assert cost.per_row_seconds() == pytest.approx({0: 0.0129, 4: 0.0127})
+
+
 def test_runs_that_share_the_cores_are_compared_by_the_time_the_cores_gave_them():
     # One caller: one-row runs alone on every core, 10 ms each. Then more callers: two runs at once, each of 4
     # rows taking 64 ms where alone it would take 32 (8 ms a row): 16 ms a row of wall time.
