@@ -251,6 +251,40 @@ def test_each_batch_reports_the_rows_that_waited_for_its_graph_when_it_was_taken
     assert seen == [(4, 10, 10), (4, 6, 6), (2, 2, 2)]
 
 
+class AloneRecorder(Doubler):
+    """Records each run's rows and whether the run handler said it goes alone."""
+
+    def __init__(self):
+        super().__init__()
+        self.alone: list[tuple[int, bool]] = []
+
+    def run(self, feeds, fetches, targets=(), graph_name="", pin=False, alone=True):
+        self.alone.append((feeds["x"].shape[0], alone))
+        return super().run(feeds, fetches)
+
+
+def test_only_one_request_with_nothing_beside_it_goes_alone():
+    # One run at a time: a batch that took every queued request leaves nothing queued, but its requests came from
+    # several callers (a load): it goes on its worker, not where a lone request's runs go (TensorFlow's inter-op
+    # pool, client_graph.py), whose ops spread over cores that the calls need under load.
+    handler = RunHandler(1, batching=AUTO)
+    executor = AloneRecorder()
+    ticket = Ticket()
+
+    async def main():
+        busy = Busy(handler)
+        await busy.wait_started()
+        futures = [handler.submit_batchable(executor, {"x": v}, ["y"], False, ticket) for v in rows(4)]
+        busy.release.set()
+        await busy.future
+        await asyncio.gather(*futures)
+        return await handler.submit_batchable(executor, {"x": rows(1)[0]}, ["y"], False, ticket)
+
+    assert served(handler, main)[0].tolist() == (rows(1)[0] * 2).tolist()
+    # The batch of four, then its check's runs one by one (never alone), then the request alone.
+    assert executor.alone == [(4, False)] + [(1, False)] * VERIFY_REQUESTS + [(1, True)]
+
+
 class Meeting(Doubler):
     """Each run waits (up to 10 s) until ``parties`` runs are going at once, so that two workers' batches are taken
     while the other's run goes."""
