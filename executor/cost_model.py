@@ -21,11 +21,11 @@ time divided by two is less than the same run's alone), and from their medians c
   bucket's largest size; the maximum where that is within a quarter of it, or where the curve was not seen
   ``KNEE_SPAN`` buckets beyond it), on the curve of the kind of runs (alone or shared) that most of the last
   ``WINDOW`` were, from runs among the graph's last ``STALE_RUNS`` taken under about the load it has now
-  (``LOAD_BAND``). Larger batches would hold more memory and make
-  each caller wait longer for little more throughput. Until a bucket has been seen, the configured maximum stands;
-  once a knee is chosen, every ``EXPLORE_EVERY``-th batch may take the next bucket up (every other time the one
-  beyond), so that a curve that changes (another input size, another load on the machine) is seen again. A new
-  limit is taken once ``CONFIRMATIONS`` decisions in a row proposed it; none during a trial of runs at once.
+  (``LOAD_BAND``). Larger batches would hold more memory and make each caller wait longer for little more
+  throughput. Until a bucket has been seen, the configured maximum stands; once a knee is chosen, every
+  ``EXPLORE_EVERY``-th batch may take the next bucket up (every other time the one beyond), so that a curve that
+  changes (another input size, another load on the machine) is seen again. A new limit is taken once
+  ``CONFIRMATIONS`` decisions in a row proposed it; none during a trial of runs at once.
 
 The first choice is made after ``MIN_SAMPLES`` runs, then every ``DECIDE_EVERY``; a change is logged and shown in
 ``servex_scheduler_*`` gauges.
