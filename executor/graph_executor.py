@@ -263,7 +263,9 @@ class GraphExecutor:
                 if twin is not None and twin.available() and stateless:
                     makers[mode] = functools.partial(self._twin_callable, twin, options, printed)
                     releases[mode] = twin.release
-            chooser = ThreadModeChooser(printed, tuple(makers))
+            # (the cores its runs may spread over: the intra-op pool's threads, which servex sizes at start)
+            cores = tf.config.threading.get_intra_op_parallelism_threads() or None
+            chooser = ThreadModeChooser(printed, tuple(makers), cores)
         specs = tuple(
             FeedSpec(
                 name=t.name,

@@ -15,7 +15,8 @@ Three modes:
 
 A small graph always runs on its worker (handing its ops over costs more than they take; the second session would cost
 memory for nothing). A compute-bound one tries the modes it may take in turns (one thread only where its worker's lone
-runs left the cores idle enough: ``ONE_THREAD_BUSY``; XLA's program, ``XLA_BUSY``), until ``TRIALS`` runs of each at one
+runs left the cores idle enough: ``ONE_THREAD_BUSY``; XLA's program, ``XLA_BUSY``; the pool, ``POOL_BUSY_SHARE`` of
+the intra-op pool's threads), until ``TRIALS`` runs of each at one
 batch-size bucket were seen (after ``WARM``), then keeps the fastest, another than its worker only where it saves
 ``GAIN`` of the time (XLA's program: ``GAINS``). On 2 cores the worker and the pool came within 4% of each other on
 every model measured (one process, both callables warm, run in turns, medians): DenseNet-121 51.6 ms an image on the
@@ -56,6 +57,13 @@ ONE_THREAD_BUSY = 1.6
 # encoder on the second, 1.54-1.73: 10.9-12.8 ms compiled against 8.5-8.8 on its worker).
 XLA_BUSY = 1.4
 BUSY_LINE = {ONE_THREAD: ONE_THREAD_BUSY, XLA: XLA_BUSY}  # the modes tried only below a line, and their lines
+# The inter-op pool runs independent ops at once on cores a lone run leaves idle: it is tried only where the worker's
+# lone runs kept less than this share of the intra-op pool's threads (the cores) busy. On 2 cores it never saved its
+# 5% above one core busy (the GRU, 1.0: 2.4 ms a row against 3.1 in one process), and came within 4.4% of the worker
+# from 1.54 up (MobileNetV2, EfficientNetB0, the encoder at 1.61-1.71, DenseNet-121 at 1.76, ResNet-50 at 1.80-1.90),
+# while its trial, its callable made and first run beside the requests, raised ResNet-50's mean latency over the
+# first seconds at 1 caller.
+POOL_BUSY_SHARE = 0.8
 BUSY_RUNS = 4
 # A mode's trial ends where its first runs after its warm ones (how many: the first number) each took more than this
 # many times its worker's fastest (the second): XLA's program at its first (MobileNetV2 ran 5x slower compiled), one
@@ -85,12 +93,14 @@ class ThreadModeChooser:
     # 12.1, inside the host's noise), served 85 rows/s at 32 callers while its batch sizes compiled, against 159-173.
     GAINS = {XLA: 0.15}
 
-    def __init__(self, name: str = "", modes: Sequence[str] = (WORKER, POOL)):
+    def __init__(self, name: str = "", modes: Sequence[str] = (WORKER, POOL), cores: int | None = None):
         self.name = name
-        # The first run on its worker: a small graph is told at once, with nothing else made. One thread joins once
-        # the worker's runs showed how busy they keep the cores.
-        self.modes = [WORKER, *(m for m in modes if m != WORKER and m not in BUSY_LINE)]
-        self._waiting = [m for m in BUSY_LINE if m in modes]  # tried once the worker's runs left the cores idle enough
+        # The first run on its worker: a small graph is told at once, with nothing else made. One thread (and, where
+        # the intra-op pool's ``cores`` are known, the inter-op pool) joins once the worker's runs showed how busy
+        # they keep the cores.
+        self._lines = {**BUSY_LINE, POOL: POOL_BUSY_SHARE * cores} if cores else dict(BUSY_LINE)
+        self.modes = [WORKER, *(m for m in modes if m != WORKER and m not in self._lines)]
+        self._waiting = [m for m in self._lines if m in modes]  # tried once the worker's runs left cores idle enough
         self._gated = bool(self._waiting)
         self._busy: list[float] = []  # cores a lone run on its worker kept busy
         self.busy_cores: float | None = None  # the most of them, once measured
@@ -155,7 +165,7 @@ class ThreadModeChooser:
                 if len(self._busy) >= BUSY_RUNS:
                     self._gated = False
                     cores = self.busy_cores = max(self._busy)
-                    tried = [m for m in self._waiting if cores < BUSY_LINE[m]]
+                    tried = [m for m in self._waiting if cores < self._lines[m]]
                     self.modes.extend(tried)
                     log.debug("client graph %s: a lone run kept %.2f cores busy: %s tried", self.name, cores,
                               " and ".join(tried) or "nothing more")  # fmt: skip
@@ -203,9 +213,10 @@ class ThreadModeChooser:
         one = medians.get(ONE_THREAD)
         if best == XLA and one is not None and one < medians[WORKER] * (1 - self.GAIN):
             self.under_load = ONE_THREAD
-        shown = ", ".join(f"{1000 * s:.1f} ms on {_WHERE[m]}" for m, s in medians.items() if m != best)
+        shown = [f"{1000 * medians[best]:.1f} ms a row there"]
+        others = ", ".join(f"{1000 * s:.1f} ms on {_WHERE[m]}" for m, s in medians.items() if m != best)
+        shown += [others or "no other mode tried"]
         if self.busy_cores is not None:
-            shown += f"; its lone runs on its worker kept {self.busy_cores:.2f} cores busy"
-        log.info("client graph %s runs on %s (%.1f ms a row there; %s)", self.name, _WHERE[best],
-                 1000 * medians[best], shown)  # fmt: skip
+            shown.append(f"its lone runs on its worker kept {self.busy_cores:.2f} cores busy")
+        log.info("client graph %s runs on %s (%s)", self.name, _WHERE[best], "; ".join(shown))
         return True

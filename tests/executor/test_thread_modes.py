@@ -7,6 +7,7 @@ from servex.executor.thread_modes import (
     ONE_THREAD,
     ONE_THREAD_BUSY,
     POOL,
+    POOL_BUSY_SHARE,
     WORKER,
     XLA,
     XLA_BUSY,
@@ -16,10 +17,12 @@ from servex.executor.thread_modes import (
 MODES = (WORKER, POOL, ONE_THREAD)
 
 
-def chosen(seconds: dict[str, float], rows: int = 1, busy: float = 1.2) -> tuple[str | None, list[str]]:
+def chosen(
+    seconds: dict[str, float], rows: int = 1, busy: float = 1.2, cores: int | None = None
+) -> tuple[str | None, list[str]]:
     """Run a ThreadModeChooser of ``seconds``' modes to its decision on fixed run times, its worker's runs keeping
-    ``busy`` cores busy; its choice and the modes it tried, in order."""
-    chooser = ThreadModeChooser("g", tuple(seconds))
+    ``busy`` of ``cores`` cores busy (None: not known); its choice and the modes it tried, in order."""
+    chooser = ThreadModeChooser("g", tuple(seconds), cores)
     tried = []
     for _ in range(2 * chooser.runs):
         if chooser.mode is not None:
@@ -60,6 +63,19 @@ def test_one_thread_is_not_tried_where_the_worker_keeps_the_cores_busy():
     for _ in range(BUSY_RUNS):
         chooser.record(WORKER, 1, 0.020, busy=1.9)
     assert chooser.mode == POOL and not chooser.gated
+
+
+def test_the_pool_is_tried_only_where_the_workers_runs_leave_cores_idle():
+    # ResNet-50-like on 2 cores: its lone runs keep 1.8 busy, and the pool (which came within 4% wherever runs kept
+    # 1.5 cores or more busy) is not tried, nor its callable made: the worker after its own runs alone.
+    mode, tried = chosen({WORKER: 0.054, POOL: 0.053, ONE_THREAD: 0.071}, busy=1.8, cores=2)
+    assert mode == WORKER and tried == [WORKER] * (ThreadModeChooser.WARM + ThreadModeChooser.TRIALS)
+    # A GRU-like graph keeps one core busy: the pool joins the trial once that was measured, and may win.
+    mode, tried = chosen({WORKER: 0.0031, POOL: 0.0024}, busy=1.0, cores=2)
+    assert mode == POOL and tried[:BUSY_RUNS] == [WORKER] * BUSY_RUNS and POOL in tried
+    # The line is a share of the cores: on 16, a run that keeps 8 busy leaves room for the pool's branches.
+    assert chosen({WORKER: 0.054, POOL: 0.040}, busy=8.0, cores=16)[0] == POOL
+    assert chosen({WORKER: 0.054, POOL: 0.040}, busy=POOL_BUSY_SHARE * 16 + 0.1, cores=16)[0] == WORKER
 
 
 def test_another_mode_must_save_its_gain():

@@ -15,7 +15,7 @@ import tensorflow as tf
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from servex.executor.cost_model import COMPUTE_BOUND_RUNS
-from servex.executor.thread_modes import ONE_THREAD_BUSY, ThreadModeChooser
+from servex.executor.thread_modes import ONE_THREAD_BUSY, POOL_BUSY_SHARE, ThreadModeChooser
 from servex.server.cores import usable_cores
 from tests.support.daemon import metric
 from tests.support.models import save, tanh_loop
@@ -108,6 +108,8 @@ def test_one_request_of_a_compute_bound_model_runs_on_every_core(start_daemon, c
         # tried: timed beside the others, or dropped after its first runs, much slower
         tried = "one intra-op thread" in chosen or "one intra-op thread is slower" in daemon.log()
         assert tried == (busy < ONE_THREAD_BUSY)
+        # the inter-op pool too, only where they left a fifth of the cores idle
+        assert ("TensorFlow's inter-op pool" in chosen) == (busy < POOL_BUSY_SHARE * cores), chosen
     labels = {"model": "conv", "version": "1", "signature": "serving_default"}
     assert metric(daemon, "servex_scheduler_compute_bound", **labels) == 1
     assert metric(daemon, "servex_scheduler_concurrency", **labels) == COMPUTE_BOUND_RUNS
