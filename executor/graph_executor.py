@@ -263,9 +263,10 @@ class GraphExecutor:
                 if twin is not None and twin.available() and stateless:
                     makers[mode] = functools.partial(self._twin_callable, twin, options, printed)
                     releases[mode] = twin.release
-            # (the cores its runs may spread over: the intra-op pool's threads, which servex sizes at start)
-            cores = tf.config.threading.get_intra_op_parallelism_threads() or None
-            chooser = ThreadModeChooser(printed, tuple(makers), cores)
+            # (the cores its runs may spread over: TensorFlow's pools' threads, which servex sizes at start)
+            pools = tf.config.threading
+            cores = max(pools.get_intra_op_parallelism_threads(), pools.get_inter_op_parallelism_threads())
+            chooser = ThreadModeChooser(printed, tuple(makers), cores or None)
         specs = tuple(
             FeedSpec(
                 name=t.name,

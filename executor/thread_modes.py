@@ -16,7 +16,7 @@ Three modes:
 A small graph always runs on its worker (handing its ops over costs more than they take; the second session would cost
 memory for nothing). A compute-bound one tries the modes it may take in turns (one thread only where its worker's lone
 runs left the cores idle enough: ``ONE_THREAD_BUSY``; XLA's program, ``XLA_BUSY``; the pool, ``POOL_BUSY_SHARE`` of
-the intra-op pool's threads), until ``TRIALS`` runs of each at one
+the cores), until ``TRIALS`` runs of each at one
 batch-size bucket were seen (after ``WARM``), then keeps the fastest, another than its worker only where it saves
 ``GAIN`` of the time (XLA's program: ``GAINS``). On 2 cores the worker and the pool came within 4% of each other on
 every model measured (one process, both callables warm, run in turns, medians): DenseNet-121 51.6 ms an image on the
@@ -58,7 +58,7 @@ ONE_THREAD_BUSY = 1.6
 XLA_BUSY = 1.4
 BUSY_LINE = {ONE_THREAD: ONE_THREAD_BUSY, XLA: XLA_BUSY}  # the modes tried only below a line, and their lines
 # The inter-op pool runs independent ops at once on cores a lone run leaves idle: it is tried only where the worker's
-# lone runs kept less than this share of the intra-op pool's threads (the cores) busy. On 2 cores it never saved its
+# lone runs kept less than this share of the cores busy (TensorFlow's pools' threads). On 2 cores it never saved its
 # 5% above one core busy (the GRU, 1.0: 2.4 ms a row against 3.1 in one process), and came within 4.4% of the worker
 # from 1.54 up (MobileNetV2, EfficientNetB0, the encoder at 1.61-1.71, DenseNet-121 at 1.76, ResNet-50 at 1.80-1.90),
 # while its trial, its callable made and first run beside the requests, raised ResNet-50's mean latency over the
@@ -96,8 +96,8 @@ class ThreadModeChooser:
     def __init__(self, name: str = "", modes: Sequence[str] = (WORKER, POOL), cores: int | None = None):
         self.name = name
         # The first run on its worker: a small graph is told at once, with nothing else made. One thread (and, where
-        # the intra-op pool's ``cores`` are known, the inter-op pool) joins once the worker's runs showed how busy
-        # they keep the cores.
+        # the ``cores`` TensorFlow's pools may use are known, the inter-op pool) joins once the worker's runs showed
+        # how busy they keep the cores.
         self._lines = {**BUSY_LINE, POOL: POOL_BUSY_SHARE * cores} if cores else dict(BUSY_LINE)
         self.modes = [WORKER, *(m for m in modes if m != WORKER and m not in self._lines)]
         self._waiting = [m for m in self._lines if m in modes]  # tried once the worker's runs left cores idle enough
