@@ -106,10 +106,7 @@ class BatchRuns:
                     parts.append(np.repeat(parts[-1][-1:], size - total, axis=0))
                 feeds[name] = parts[0] if len(parts) == 1 else np.concatenate(parts)
             before, waiting, load = (cost.running, cost.waiting, cost.load) if cost is not None else (1, total, 0)
-            # A batch of several requests is several callers' (a load), even where it took every queued row: at 32
-            # callers one run at a time, the GRU's batches on TensorFlow's inter-op pool (where its lone runs were
-            # found faster) served 1,166-1,493 rows/s against 1,468-1,732 on its worker.
-            alone = len(batch) == 1 and goes_alone(before, waiting, total)
+            alone = goes_alone(before, waiting, total, len(batch))
             outputs = executor.run(feeds, fetches, (), "", pin, alone=alone)
             seconds = time.monotonic() - started
             if any(o.ndim == 0 or o.shape[0] != size for o in outputs):
@@ -181,11 +178,11 @@ class BatchRuns:
             result, ok = e, False
         ended = time.monotonic()
         seconds = ended - started
-        if ok and item.cost is not None:
-            item.cost.observe(
+        if ok and cost is not None:
+            cost.observe(
                 item.rows,
                 seconds,
-                at_once(before, item.cost),
+                at_once(before, cost),
                 waiting,
                 one_thread=ran_on_one_thread(),
                 compiled=ran_compiled_graph(),
@@ -209,11 +206,14 @@ def at_once(before: int, cost) -> float:
     return (before + cost.running) / 2
 
 
-def goes_alone(before: int, waiting: int, rows: int) -> bool:
-    """Whether a run of one request's ``rows`` rows goes alone: no other run of its graph going when it started
-    (``before``, this one included) and no rows of it left queued (``waiting``, its own included). Only such runs may
-    go to TensorFlow's inter-op pool (client_graph.py); a batch of several requests never goes alone."""
-    return before <= 1 and waiting <= rows
+def goes_alone(before: int, waiting: int, rows: int, requests: int = 1) -> bool:
+    """Whether a run of ``rows`` rows goes alone: one request (``requests``), no other run of its graph going when
+    it started (``before``, this one included) and no rows of it left queued (``waiting``, its own included). Only
+    such runs may go to TensorFlow's inter-op pool (client_graph.py). A batch of several requests is several
+    callers' (a load), even where it took every queued row: at 32 callers one run at a time, the GRU's batches on
+    the inter-op pool (where its lone runs were found faster) served 1,166-1,493 rows/s against 1,468-1,732 on its
+    worker."""
+    return requests == 1 and before <= 1 and waiting <= rows
 
 
 class _NotBatchable(Exception):
