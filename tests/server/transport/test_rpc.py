@@ -4,13 +4,22 @@ handed to servex's methods instead of failing inside grpcio; a status for a call
 from __future__ import annotations
 
 import asyncio
+import time
 import urllib.parse
 
 import grpc
 import pytest
 from tensorflow_serving.apis import predict_pb2
 
-from servex.server.transport.rpc import MAX_MESSAGE_CHARS, Malformed, abort, bounded, lenient
+from servex.server.transport.rpc import (
+    DEADLINE_TRANSIT,
+    MAX_MESSAGE_CHARS,
+    Malformed,
+    abort,
+    bounded,
+    ended_code,
+    lenient,
+)
 
 
 def encoded(message: str) -> int:
@@ -76,3 +85,12 @@ def test_a_status_for_a_call_grpc_has_ended_ends_it_as_cancelled():
         asyncio.run(abort(_EndedCall(), grpc.StatusCode.DEADLINE_EXCEEDED, "waited too long"))
     with pytest.raises(grpc.aio.AbortError):  # a live call is aborted as by context.abort
         asyncio.run(abort(_LiveCall(), grpc.StatusCode.INVALID_ARGUMENT, "bad input"))
+
+
+def test_a_call_ended_just_before_its_server_deadline_counts_as_deadline_exceeded():
+    # The client's deadline passes first (by the request's transit) and its cancel may arrive before the server's.
+    now = time.monotonic()
+    assert ended_code(now + DEADLINE_TRANSIT / 2) == "DEADLINE_EXCEEDED"
+    assert ended_code(now - 1.0) == "DEADLINE_EXCEEDED"
+    assert ended_code(now + 10 * DEADLINE_TRANSIT + 1.0) == "CANCELLED"  # the client cancelled it well before
+    assert ended_code(None) == "CANCELLED"
