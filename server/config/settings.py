@@ -419,16 +419,17 @@ class ServerSettings:
         aliases=("enable_serialization_as_tensor_content",),
         tfserving="enable_serialization_as_tensor_content",
     )
-    # The kernel picks a connection's listener by a hash of its addresses, so two of a client's connections may
-    # land on one listener and share its accepts: with 4 connections, 59% of the time among 8 listeners, 18% among
-    # 32. Measured on 2 cores, MLP, 32 callers on 4 connections, batching: 4,600-4,900 requests/s with 1 listener,
-    # 5,800-7,800 with 8; 7,031 with 8 against 8,026 with 32 (medians of 9 alternating runs). An idle listener costs
-    # a socket and a task.
+    # Hashed by their addresses, two of a client's connections may land on one listener and share its accepts: with
+    # 4 connections, 59% of the time among 8 listeners, 18% among 32. Measured so on 2 cores, MLP, 32 callers on 4
+    # connections, batching: 4,600-4,900 requests/s with 1 listener, 5,800-7,800 with 8; 7,031 with 8 against 8,026
+    # with 32 (medians of 9 alternating runs). By source port (listeners.py), a client's connections go round all
+    # the listeners before two share one. An idle listener costs a socket and a task.
     grpc_listeners: int = flag(
         32,
         GRPC,
         "gRPC listeners sharing --port in this process (SO_REUSEPORT), each accepting calls on its own: "
-        "grpcio's asyncio server accepts one call at a time per listener; the kernel spreads connections over them",
+        "grpcio's asyncio server accepts one call at a time per listener; a client's connections go to different "
+        "listeners (by source port)",
         doc="See [Several listeners on the gRPC port](processes.md#several-listeners-on-the-grpc-port).",
     )
     # -1 by default: on a node where pods share CPUs, pinned loops could pile onto one. Measured on 2 cores, MLP,

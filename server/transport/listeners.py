@@ -5,9 +5,9 @@ once the last one has been handed to its task, a chain of several event-loop tur
 every method, then a new task; grpc/grpc#43461). Under load that chain, not the work, is what limits a process:
 the loop idles while calls wait in gRPC core (measured on the MLP at 32 callers: the loop thread 79% busy, the
 machine 54% idle). Several listeners on one port accept in parallel: each binds it with SO_REUSEPORT and the
-kernel spreads incoming connections over them. They share one event loop, one set of servicers and one
-ServingCore, so nothing else changes; a connection stays with the listener that accepted it, so one client
-channel (one connection) is still served by one listener.
+kernel spreads incoming connections over them, a client's by their source ports (spread_by_source_port). They
+share one event loop, one set of servicers and one ServingCore, so nothing else changes; a connection stays with
+the listener that accepted it, so one client channel (one connection) is still served by one listener.
 
 A group is a ``grpc.aio.Server`` to the generated ``add_*Servicer_to_server`` functions, health and reflection
 (which checks): whatever is added is added to every listener.
@@ -16,13 +16,18 @@ A group is a ``grpc.aio.Server`` to the generated ``add_*Servicer_to_server`` fu
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import errno
+import logging
 import os
 import socket
 import stat
+import struct
 from collections.abc import Sequence
 
 import grpc
+
+log = logging.getLogger(__name__)
 
 # A client that stops reading its socket keeps its calls open: gRPC sends an answer only as far as the client's
 # HTTP/2 window allows and ends a call once its answer and status are written, so the whole answer (about 4 times
@@ -100,6 +105,8 @@ class ListenerGroup(grpc.aio.Server):
         bound = add(self.servers[0], address)
         for server in self.servers[1:]:
             add(server, f"{host}:{bound}")
+        if len(self.servers) > 1 and not self.shared_port:
+            spread_by_source_port(host, bound, len(self.servers))
         return bound
 
     async def start(self) -> None:
@@ -152,6 +159,88 @@ class _Call(grpc.HandlerCallDetails):
     def __init__(self, method: str):
         self.method = method
         self.invocation_metadata = ()
+
+
+# Linux's socket option that gives a port's SO_REUSEPORT group a classic BPF program choosing the socket that takes
+# each new connection (socket(7)); Python's socket module does not name it.
+SO_ATTACH_REUSEPORT_CBPF = 51
+_NET = 0xFFF00000  # SKF_NET_OFF: loads relative to the IP header (the program starts past the TCP header)
+
+
+def _source_port_program(listeners: int) -> tuple[bytes, ctypes.Array]:
+    """A classic BPF program returning ``(source port >> 1) % listeners``, the index of the listener that takes a
+    connection: IPv4 (its header's length from its first byte) and IPv6 (40 bytes); a sock_fprog and the buffer
+    its pointer points into, to keep alive until the program is attached."""
+    code = [  # (opcode, jump if true, jump if false, k), as linux/filter.h's sock_filter
+        (0x30, 0, 0, _NET),  # ldb [net]: the IP version, in the high nibble
+        (0x74, 0, 0, 4),  # rsh #4
+        (0x15, 2, 0, 6),  # jeq #6: IPv6, 2 on
+        (0xB1, 0, 0, _NET),  # ldxb 4*([net]&0xf): X = the IPv4 header's length
+        (0x05, 0, 0, 1),  # ja 1 on
+        (0x01, 0, 0, 40),  # ldx #40: the IPv6 header's
+        (0x48, 0, 0, _NET),  # ldh [x + net]: the TCP source port
+        (0x74, 0, 0, 1),  # rsh #1: Linux gives connect() even ports
+        (0x94, 0, 0, listeners),  # mod #listeners
+        (0x16, 0, 0, 0),  # ret a
+    ]
+    buffer = ctypes.create_string_buffer(b"".join(struct.pack("HBBI", *op) for op in code))
+    return struct.pack("HL", len(code), ctypes.addressof(buffer)), buffer
+
+
+def spread_by_source_port(host: str, port: int, listeners: int) -> bool:
+    """Make the kernel give a new connection to ``host:port`` to the listener its source port names, instead of
+    the one a hash of its addresses does; whether that was set (False where the kernel refuses it, as gVisor's
+    does: connections are then hashed, as before).
+
+    Hashed, two of a client's four connections share a listener 18% of the time among 32 listeners, which then
+    accepts their calls one at a time between them: a slower pair and a longer tail (docs/processes.md). Linux
+    gives one host's connections to one address even source ports a few apart, so by source port a client's
+    connections go to different listeners until they have gone round all of them; connections from many hosts
+    spread as evenly as hashed.
+
+    The program is set on the group through a socket that joins it for a moment (bound as gRPC binds the
+    listeners, with SO_REUSEPORT): it is the group's last, which the program never picks, and it closes before
+    gRPC accepts anything."""
+    program, buffer = _source_port_program(listeners)
+    done = False
+    try:
+        for sockaddr in _bound_as_grpc_binds(host, port):
+            with socket.socket(socket.AF_INET6 if len(sockaddr) == 4 else socket.AF_INET) as member:
+                if len(sockaddr) == 4:
+                    member.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+                member.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                member.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+                member.bind(sockaddr)
+                member.listen(1)  # in the group from here
+                member.setsockopt(socket.SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF, program)
+                done = True
+    except OSError as e:
+        log.debug("connections to %s:%d are spread over the listeners by the kernel's hash: %s", host, port, e)
+    del buffer  # attached (or refused): the kernel keeps its own copy
+    return done
+
+
+def _bound_as_grpc_binds(host: str, port: int) -> list[tuple]:
+    """The socket addresses gRPC's listeners on ``host:port`` are bound to: every address ``host`` resolves to
+    ("localhost": both loopbacks, as gRPC binds it), IPv4 ones as IPv4-mapped IPv6 sockets (dual-stack, as gRPC
+    binds them where the host has IPv6), and a wildcard as one dual-stack ``::``. A socket joins a port's group
+    only with the family and address of its members."""
+    try:
+        socket.socket(socket.AF_INET6).close()
+        six = True
+    except OSError:
+        six = False
+    infos = socket.getaddrinfo(host.strip("[]") or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    addresses = [sockaddr[0] for *_, sockaddr in infos] + (["::1"] if host == "localhost" and six else [])
+    out = []
+    for address in addresses:
+        if six and ":" not in address:
+            bound = ("::" if address == "0.0.0.0" else f"::ffff:{address}", port, 0, 0)
+        else:
+            bound = (address, port, 0, 0) if ":" in address else (address, port)
+        if bound not in out:
+            out.append(bound)
+    return out
 
 
 def refuse_if_served(path: str) -> None:

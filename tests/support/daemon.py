@@ -299,15 +299,21 @@ def terminate(proc: subprocess.Popen, timeout: float = 30) -> None:
 
 def listening_sockets(port: int) -> int:
     """How many sockets listen on ``port`` on this machine (the IPv4 and IPv6 tables of /proc/net)."""
-    count = 0
+    return len(accept_queues(port))
+
+
+def accept_queues(port: int) -> list[int]:
+    """The connections waiting to be accepted on each socket listening on ``port`` on this machine (the IPv4 and
+    IPv6 tables of /proc/net, where a listener's rx_queue is its accept queue)."""
+    queues = []
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         with open(table) as f:
             next(f)  # the header
             for line in f:
                 fields = line.split()
                 if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "0A":  # 0A: LISTEN
-                    count += 1
-    return count
+                    queues.append(int(fields[4].split(":")[1], 16))
+    return queues
 
 
 def run_to_exit(args: list[str], timeout: float = START_TIMEOUT_S) -> subprocess.CompletedProcess:

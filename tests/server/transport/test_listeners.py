@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import socket
+import time
+from pathlib import Path
 
 import grpc
 import pytest
 from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
 
 from servex.server.transport.listeners import ListenerGroup
-from tests.support.daemon import listening_sockets
+from tests.support.daemon import accept_queues, listening_sockets
 
 SERVICE = "servex.test.Echo"
 
@@ -98,6 +101,81 @@ def test_a_second_group_does_not_share_the_first_one_s_port_unless_it_is_one_of_
         for group in shared:
             await group.start()
             await group.stop(None)
+
+    asyncio.run(main())
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+def _connect_from_ports_two_apart(host: str, port: int, count: int) -> list[socket.socket]:
+    """``count`` connections to ``host:port`` from even source ports two apart, in the kernel's ephemeral range
+    (what Linux gives one host's connections to one address, give or take a few ports)."""
+    low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    for _ in range(50):
+        base = random.randrange(low, high - 2 * count) & ~1
+        clients: list[socket.socket] = []
+        try:
+            for i in range(count):
+                clients.append(socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET))
+                clients[-1].bind((host, base + 2 * i))
+        except OSError:  # a source port in use: other ones (before any connection is made)
+            for c in clients:
+                c.close()
+            continue
+        for c in clients:
+            c.connect((host, port))
+        return clients
+    raise RuntimeError("no free run of source ports")
+
+
+@pytest.mark.parametrize(
+    "bound, client", [("127.0.0.1", "127.0.0.1"), ("0.0.0.0", "127.0.0.1")] + [("[::1]", "::1")] * _ipv6_loopback()
+)
+def test_a_clients_connections_go_one_to_each_listener_by_source_port(bound, client):
+    # Hashed by their addresses, 16 connections would land one on each of 16 listeners about once in a million
+    # tries; by source port they always do. The group is not started, so each listener's connections wait in its
+    # accept queue, where /proc/net counts them.
+    async def main() -> None:
+        group = _group(16)
+        port = group.add_insecure_port(f"{bound}:0")
+        clients = _connect_from_ports_two_apart(client, port, 16)
+        try:
+            deadline = time.monotonic() + 10
+            while sum(accept_queues(port)) < 16 and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            assert sorted(accept_queues(port)) == [1] * 16
+        finally:
+            for c in clients:
+                c.close()
+            await group.stop(None)
+
+    asyncio.run(main())
+
+
+def test_a_process_groups_listeners_are_left_to_the_kernels_hash():
+    # With --serving_processes the port's group holds every process's listeners, which no one process counts: a
+    # program over its own would leave the others' idle.
+    async def main() -> None:
+        shared = _group(16, shared_port=True)
+        port = shared.add_insecure_port("127.0.0.1:0")
+        clients = _connect_from_ports_two_apart("127.0.0.1", port, 64)
+        try:
+            deadline = time.monotonic() + 10
+            while sum(accept_queues(port)) < 64 and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            assert sum(accept_queues(port)) == 64
+            assert sorted(accept_queues(port)) != [4] * 16  # hashed: by source port, 4 each
+        finally:
+            for c in clients:
+                c.close()
+            await shared.stop(None)
 
     asyncio.run(main())
 
