@@ -135,49 +135,41 @@ def _connect_from_ports_two_apart(host: str, port: int, count: int) -> list[sock
     raise RuntimeError("no free run of source ports")
 
 
-@pytest.mark.parametrize(
-    "bound, client", [("127.0.0.1", "127.0.0.1"), ("0.0.0.0", "127.0.0.1")] + [("[::1]", "::1")] * _ipv6_loopback()
-)
-def test_a_clients_connections_go_one_to_each_listener_by_source_port(bound, client):
-    # Hashed by their addresses, 16 connections would land one on each of 16 listeners about once in a million
-    # tries; by source port they always do. The group is not started, so each listener's connections wait in its
-    # accept queue, where /proc/net counts them.
-    async def main() -> None:
-        group = _group(16)
+def _accept_queues_after(group: ListenerGroup, bound: str, client: str, connections: int) -> list[int]:
+    """Bind ``group`` (not started) to ``bound``, connect ``connections`` clients from ``client`` (source ports two
+    apart) and return each listener's accept queue once they all wait there, as /proc/net counts them."""
+
+    async def main() -> list[int]:
         port = group.add_insecure_port(f"{bound}:0")
-        clients = _connect_from_ports_two_apart(client, port, 16)
+        clients = _connect_from_ports_two_apart(client, port, connections)
         try:
             deadline = time.monotonic() + 10
-            while sum(accept_queues(port)) < 16 and time.monotonic() < deadline:
+            while sum(accept_queues(port)) < connections and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)
-            assert sorted(accept_queues(port)) == [1] * 16
+            return sorted(accept_queues(port))
         finally:
             for c in clients:
                 c.close()
             await group.stop(None)
 
-    asyncio.run(main())
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    "bound, client", [("127.0.0.1", "127.0.0.1"), ("0.0.0.0", "127.0.0.1")] + [("[::1]", "::1")] * _ipv6_loopback()
+)
+def test_a_clients_connections_go_one_to_each_listener_by_source_port(bound, client):
+    # Hashed by their addresses, 16 connections would land one on each of 16 listeners about once in a million
+    # tries; by source port they always do.
+    assert _accept_queues_after(_group(16), bound, client, 16) == [1] * 16
 
 
 def test_a_process_groups_listeners_are_left_to_the_kernels_hash():
     # With --serving_processes the port's group holds every process's listeners, which no one process counts: a
     # program over its own would leave the others' idle.
-    async def main() -> None:
-        shared = _group(16, shared_port=True)
-        port = shared.add_insecure_port("127.0.0.1:0")
-        clients = _connect_from_ports_two_apart("127.0.0.1", port, 64)
-        try:
-            deadline = time.monotonic() + 10
-            while sum(accept_queues(port)) < 64 and time.monotonic() < deadline:
-                await asyncio.sleep(0.01)
-            assert sum(accept_queues(port)) == 64
-            assert sorted(accept_queues(port)) != [4] * 16  # hashed: by source port, 4 each
-        finally:
-            for c in clients:
-                c.close()
-            await shared.stop(None)
-
-    asyncio.run(main())
+    queues = _accept_queues_after(_group(16, shared_port=True), "127.0.0.1", "127.0.0.1", 64)
+    assert sum(queues) == 64
+    assert queues != [4] * 16  # hashed: by source port, 4 each
 
 
 def test_a_group_is_a_grpc_aio_server_so_reflection_serves_its_asyncio_servicer_on_every_listener():
