@@ -135,11 +135,12 @@ def _connect_from_ports_two_apart(host: str, port: int, count: int) -> list[sock
     raise RuntimeError("no free run of source ports")
 
 
-def _accept_queues_after(group: ListenerGroup, bound: str, client: str, connections: int) -> list[int]:
-    """Bind ``group`` (not started) to ``bound``, connect ``connections`` clients from ``client`` (source ports two
-    apart) and return each listener's accept queue once they all wait there, as /proc/net counts them."""
+def _accept_queues_after(listeners: int, shared_port: bool, bound: str, client: str, connections: int) -> list[int]:
+    """Bind a group of ``listeners`` (not started) to ``bound``, connect ``connections`` clients from ``client``
+    (source ports two apart) and return each listener's accept queue once they all wait there (/proc/net's)."""
 
     async def main() -> list[int]:
+        group = _group(listeners, shared_port)
         port = group.add_insecure_port(f"{bound}:0")
         clients = _connect_from_ports_two_apart(client, port, connections)
         try:
@@ -161,13 +162,13 @@ def _accept_queues_after(group: ListenerGroup, bound: str, client: str, connecti
 def test_a_clients_connections_go_one_to_each_listener_by_source_port(bound, client):
     # Hashed by their addresses, 16 connections would land one on each of 16 listeners about once in a million
     # tries; by source port they always do.
-    assert _accept_queues_after(_group(16), bound, client, 16) == [1] * 16
+    assert _accept_queues_after(16, False, bound, client, 16) == [1] * 16
 
 
 def test_a_process_groups_listeners_are_left_to_the_kernels_hash():
     # With --serving_processes the port's group holds every process's listeners, which no one process counts: a
     # program over its own would leave the others' idle.
-    queues = _accept_queues_after(_group(16, shared_port=True), "127.0.0.1", "127.0.0.1", 64)
+    queues = _accept_queues_after(16, True, "127.0.0.1", "127.0.0.1", 64)
     assert sum(queues) == 64
     assert queues != [4] * 16  # hashed: by source port, 4 each
 
