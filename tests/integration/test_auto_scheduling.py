@@ -211,7 +211,10 @@ def test_a_graph_of_small_ops_tries_one_thread_in_a_second_session(start_daemon,
     for _ in range(10):  # after it
         infer()
     log_text = daemon.log()
-    assert len(chosen) == 1 and "one intra-op thread" in chosen[0], log_text[-3000:]
+    # Tried: a time in the chosen line, or its first runs much slower than the worker's best (a noisy host's
+    # worker can run one fast, and one thread is then left after two runs).
+    dropped = "one intra-op thread is slower" in log_text and "not tried further" in log_text
+    assert len(chosen) == 1 and ("one intra-op thread" in chosen[0] or dropped), log_text[-3000:]
     assert "XLA" not in log_text  # --xla=false: never tried
     assert "another session of the version made: its runs use one intra-op thread" in log_text
     one_thread = "runs on one intra-op thread" in chosen[0]
