@@ -187,10 +187,10 @@ def _source_port_program(listeners: int) -> tuple[bytes, ctypes.Array]:
     return struct.pack("HL", len(code), ctypes.addressof(buffer)), buffer
 
 
-def spread_by_source_port(host: str, port: int, listeners: int) -> bool:
+def spread_by_source_port(host: str, port: int, listeners: int) -> None:
     """Make the kernel give a new connection to ``host:port`` to the listener its source port names, instead of
-    the one a hash of its addresses does; whether that was set (False where the kernel refuses it, as gVisor's
-    does: connections are then hashed, as before).
+    the one a hash of its addresses does (where the kernel refuses it, as gVisor's does, connections stay hashed,
+    logged at debug).
 
     Hashed, two of a client's four connections share a listener 18% of the time among 32 listeners, which then
     accepts their calls one at a time between them: a slower pair and a longer tail (docs/processes.md). Linux
@@ -202,7 +202,6 @@ def spread_by_source_port(host: str, port: int, listeners: int) -> bool:
     listeners, with SO_REUSEPORT): it is the group's last, which the program never picks, and it closes before
     gRPC accepts anything."""
     program, buffer = _source_port_program(listeners)
-    done = False
     try:
         for sockaddr in _bound_as_grpc_binds(host, port):
             with socket.socket(socket.AF_INET6 if len(sockaddr) == 4 else socket.AF_INET) as member:
@@ -213,11 +212,9 @@ def spread_by_source_port(host: str, port: int, listeners: int) -> bool:
                 member.bind(sockaddr)
                 member.listen(1)  # in the group from here
                 member.setsockopt(socket.SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF, program)
-                done = True
     except OSError as e:
         log.debug("connections to %s:%d are spread over the listeners by the kernel's hash: %s", host, port, e)
     del buffer  # attached (or refused): the kernel keeps its own copy
-    return done
 
 
 def _bound_as_grpc_binds(host: str, port: int) -> list[tuple]:
