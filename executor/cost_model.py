@@ -18,14 +18,17 @@ time divided by two is less than the same run's alone), and from their medians c
   whose runs barely use a core each;
 - **the largest batch**: the maximum for a call-bound graph; for a compute-bound one the knee of the measured
   curve, the smallest batch size whose time per row is within ``KNEE_TOLERANCE`` of the best size seen (its
-  bucket's largest size; the maximum where that is within a quarter of it, or where the curve was not seen
-  ``KNEE_SPAN`` buckets beyond it), on the curve of the kind of runs (alone or shared) that most of the last
-  ``WINDOW`` were, from runs among the graph's last ``STALE_RUNS`` taken under about the load it has now
-  (``LOAD_BAND``). Larger batches would hold more memory and make each caller wait longer for little more
-  throughput. Until a bucket has been seen, the configured maximum stands; once a knee is chosen, every
-  ``EXPLORE_EVERY``-th batch may take the next bucket up (every other time the one beyond), so that a curve that
-  changes (another input size, another load on the machine) is seen again. A new limit is taken once
-  ``CONFIRMATIONS`` decisions in a row proposed it; none during a trial of runs at once.
+  bucket's largest size; the maximum where that is within a quarter of it), on the curve of the kind of runs (alone
+  or shared) that most of the last ``WINDOW`` were, from runs among the graph's last ``STALE_RUNS`` taken under
+  about the load it has now (``LOAD_BAND``). Larger batches would hold more memory and make each caller wait longer
+  for little more throughput, or less: past their knee, ResNet-50's and MobileNetV2's rows cost 10-35% more in
+  batches of 16-32 on 2 cores. Where the curve was not seen ``KNEE_SPAN`` bucket beyond the knee (it still falls
+  at the largest batch seen), the limit grows to the bucket beyond the largest seen, at once, a bucket at a time:
+  one-row runs seen, batches of up to 3 rows; those seen cheaper, up to 7; and so on. Once a knee is chosen,
+  every ``EXPLORE_EVERY``-th batch may take the next bucket up (every other time the one beyond), so that a curve
+  that changes (another input size, another load on the machine) is seen again. Another limit is taken once
+  ``CONFIRMATIONS`` decisions in a row proposed it (growing beyond the largest batch seen, at once); none during a
+  trial of runs at once.
 
 The first choice is made after ``MIN_SAMPLES`` runs, then every ``DECIDE_EVERY``; a change is logged and shown in
 ``servex_scheduler_*`` gauges.
@@ -52,10 +55,11 @@ log = logging.getLogger(__name__)
 COMPUTE_BOUND_SECONDS = 0.002
 KNEE_TOLERANCE = 0.02  # a batch size is at the knee when its time per row is within 2% of the best size's
 SHARED = 1.25  # a run that went with this many runs of its graph at once, on average, or more shared the cores
-# A knee below the maximum only where the curve was seen this many buckets beyond it (4 times its rows): at a load
-# that gives batches of 3-4 rows, 2-3 rows and 4-7 rows (4 rows, mostly) came out within 2% of each other, and the
-# limit fell to 3 rows just before the load rose (an encoder and MobileNetV2 from 8 to 32 callers).
-KNEE_SPAN = 2
+# A knee only where the curve was seen this many buckets beyond it (twice its rows); else the limit grows a bucket.
+# Two buckets (the knee's rows times 4) kept ResNet-50 in batches of 16-31 rows, 10% dearer a row than 4-7, for
+# most of a 12-s load while the curve was seen there and the fall was confirmed. A knee taken at one load does not
+# hold the limit at the next: runs of another load stop counting, and the curve there grows it again.
+KNEE_SPAN = 1
 KNEE_KEEP = 0.05  # a limit grows only once its bucket's time per row is 5% off the best (noise is not news)
 CONFIRMATIONS = 3  # decisions in a row that must propose a new batch limit before it is taken
 WINDOW = 16  # runs of each bucket whose median counts (a median: one run slowed by another thread is not news)
@@ -316,15 +320,19 @@ class GraphCost:
             return Choice(True, concurrency, self.max_batch_size, self.run_threads)
         best = min(seen.values())
         knee = min(b for b, s in seen.items() if s <= best * (1 + KNEE_TOLERANCE))
-        if max(seen) < knee + KNEE_SPAN and not self._covers_max(seen):
-            limit = self.max_batch_size  # the curve was not seen flat beyond the knee: larger may be better still
-        else:
-            limit = max(1, (2 << knee) - 1)  # the knee bucket's largest size; the maximum where that is within a
-            if 4 * limit >= 3 * self.max_batch_size:  # quarter of it (31 of 32 saves nothing: only log lines)
-                limit = self.max_batch_size
+        top = max(seen)
+        growing = top < knee + KNEE_SPAN and not self._covers_max(seen)
+        if growing:  # the curve was not seen flat beyond the knee: larger may be better still, one bucket beyond
+            limit = self._up_to(top + 1)  # the largest seen (not the maximum: ResNet-50's 16-31-row batches
+        else:  # served 10 images/s at 32 callers, its 4-7-row ones 12)
+            limit = self._up_to(knee)
         current = bucket(self.choice.batch_limit)
-        if limit > self.choice.batch_limit and current in seen and seen[current] <= best * (1 + KNEE_KEEP):
+        keep = current in seen and seen[current] <= best * (1 + KNEE_KEEP) and not (growing and current >= top)
+        if limit > self.choice.batch_limit and keep:
             limit = self.choice.batch_limit  # larger only where the current limit is clearly worse: not for noise
+        if growing and limit > self.choice.batch_limit:
+            self._streak = 0  # a bucket not seen yet is tried at once: nothing is known of it to confirm
+            return Choice(compute_bound, concurrency, limit, self.run_threads)
         # A new limit only once three decisions in a row proposed it: a bucket's median moved by noise is not news.
         if limit != self.choice.batch_limit and self.choice.compute_bound:
             self._streak = self._streak + 1 if limit == self._proposed else 1
@@ -334,6 +342,12 @@ class GraphCost:
         else:
             self._streak = 0
         return Choice(compute_bound, concurrency, limit, self.run_threads)
+
+    def _up_to(self, b: int) -> int:
+        """The limit of a batch up to bucket ``b``: its largest size; the maximum where that is within a quarter of
+        it (31 of 32 saves nothing: only log lines)."""
+        limit = max(1, (2 << b) - 1)
+        return self.max_batch_size if 4 * limit >= 3 * self.max_batch_size else limit
 
     def _covers_max(self, seen: dict[int, float]) -> bool:
         return max(seen) >= bucket(self.max_batch_size)

@@ -117,8 +117,8 @@ def test_the_trial_drives_the_graph_cost_its_concurrency_and_its_choice():
     changes = []
     cost = GraphCost(max_batch_size=32, workers=1, compute_runs=2, on_change=changes.append)
     for _ in range(RECENT):
-        cost.observe(1, 0.010)  # compute-bound, one row at a time
-    assert cost.choice == Choice(True, 2, 32) and cost.concurrency == 2
+        cost.observe(1, 0.010)  # compute-bound, one row at a time: batches up to 2-3 rows first
+    assert cost.choice == Choice(True, 2, 3) and cost.concurrency == 2
     seen = set()
 
     class Feed:  # serve() through the GraphCost: observe(rows, waiting, started, ended, running)
