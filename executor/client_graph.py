@@ -132,8 +132,8 @@ class LoadedClientGraph:
         if mode == ONE_THREAD and self._mode_callable(mode) is not None:
             results, in_it = self._run_one_thread(sorted_feeds)
             quiet = quiet and in_it
-        elif mode == POOL and self._mode_callable(mode) is not None:
-            results = self._run(self._made[POOL], sorted_feeds)
+        elif mode == POOL and (pooled := self._mode_callable(mode)) is not None:
+            results = self._run(pooled, sorted_feeds)
         elif mode == XLA and self._mode_callable(mode) is not None and xla is not None and xla.ready(sorted_feeds):
             results = xla.run(sorted_feeds)
             if results is None:  # given back meanwhile
@@ -171,9 +171,9 @@ class LoadedClientGraph:
             self._gate.leave()
 
     def _mode_callable(self, mode: str):
-        """The mode's callable, or None while it is made on the prepare pool, off the requests' path: making
-        ResNet-50's pooled callable took 0.7 s, DenseNet-121's 1.4 s; the one-thread one restores the variables into
-        the version's second session first."""
+        """The mode's callable, or None while it is made on the prepare pool, off the requests' path: the one-thread
+        one restores the variables into the version's second session first, XLA's compiles. (The pooled one, in the
+        version's own session, is made with the graph: graph_executor.py.)"""
         fn = self._made.get(mode)
         if fn is None and mode not in self._making:
             self._making[mode] = PREPARE_POOL.submit(self._make, mode)
@@ -198,6 +198,8 @@ class LoadedClientGraph:
         (once no run is in them)."""
         if chosen != XLA:
             self._xla = None  # nothing more to compile or count (a small graph's runs: from its first)
+        if chosen != POOL:
+            self._made.pop(POOL, None)  # its executors go (made at the build: graph_executor.py)
         kept = {chosen, self._chooser.under_load}
         for mode in [m for m in self._releases if m not in kept]:
             release = self._releases.pop(mode, None)
