@@ -27,8 +27,8 @@ time divided by two is less than the same run's alone), and from their medians c
   one-row runs seen, batches of up to 3 rows; those seen cheaper, up to 7; and so on. Once a knee is chosen,
   every ``EXPLORE_EVERY``-th batch may take the next bucket up (every other time the one beyond), so that a curve
   that changes (another input size, another load on the machine) is seen again. Another limit is taken once
-  ``CONFIRMATIONS`` decisions in a row proposed it (growing beyond the largest batch seen, at once); none during a
-  trial of runs at once.
+  ``CONFIRMATIONS`` decisions in a row proposed it (growing beyond the largest batch seen, at once, and falling
+  back from the bucket it grew into on that bucket's first measure); none during a trial of runs at once.
 
 The first choice is made after ``MIN_SAMPLES`` runs, then every ``DECIDE_EVERY``; a change is logged and shown in
 ``servex_scheduler_*`` gauges.
@@ -163,6 +163,7 @@ class GraphCost:
         self._runs = 0
         self._batches = 0
         self._proposed, self._streak = 0, 0  # a new batch limit proposed, and how many decisions in a row did
+        self._untried: int | None = None  # the bucket the limit last grew into before it was seen
         self.running = 0  # runs of it going now (the RunHandler counts them under its lock)
         self.running_rows = 0  # the rows of those runs (the same)
         self.waiting = 0  # rows of it queued when its last batch was taken, that batch's included (the same)
@@ -330,9 +331,19 @@ class GraphCost:
         keep = current in seen and seen[current] <= best * (1 + KNEE_KEEP) and not (growing and current >= top)
         if limit > self.choice.batch_limit and keep:
             limit = self.choice.batch_limit  # larger only where the current limit is clearly worse: not for noise
-        if growing and limit > self.choice.batch_limit:
-            self._streak = 0  # a bucket not seen yet is tried at once: nothing is known of it to confirm
-            return Choice(compute_bound, concurrency, limit, self.run_threads)
+        if growing:
+            self._untried = top + 1
+            if limit > self.choice.batch_limit:
+                self._streak = 0  # a bucket not seen yet is tried at once: nothing is known of it to confirm
+                return Choice(compute_bound, concurrency, limit, self.run_threads)
+        # A bucket grown into unseen is judged on its first measure, unconfirmed too: left at once where the curve
+        # turned up there. Confirmed, ResNet-50's limit of 32, grown into at 32 callers, stood 30 s (24 runs of ~16
+        # rows) before it fell back.
+        if self._untried in seen:
+            self._untried = None
+            if limit < self.choice.batch_limit:
+                self._streak = 0
+                return Choice(compute_bound, concurrency, limit, self.run_threads)
         # A new limit only once three decisions in a row proposed it: a bucket's median moved by noise is not news.
         if limit != self.choice.batch_limit and self.choice.compute_bound:
             self._streak = self._streak + 1 if limit == self._proposed else 1

@@ -263,6 +263,23 @@ def test_the_knee_is_chosen_on_runs_of_the_kind_the_graph_runs_now():
     assert cost.choice.batch_limit == 7
 
 
+def test_a_bucket_grown_into_is_left_at_its_first_measure_where_the_curve_turned_up_there():
+    # ResNet-50 at 32 callers, two runs at once: 8-15 rows the best seen, so the limit grows to the maximum; its
+    # batches of 16-31 rows then cost 14% more a row, and the limit falls back to 15 at the next decision, without
+    # the three confirmations a limit moved by noise in a known curve needs (24 runs of over a second each).
+    changes = []
+    cost = GraphCost(max_batch_size=32, workers=1, on_change=changes.append)
+    for _ in range(DECIDE_EVERY):
+        cost.observe(1, 0.108, load=32)
+        cost.observe(12, 12 * 0.0914, load=32)
+    assert cost.choice == Choice(True, 1, 32)
+    for _ in range(DECIDE_EVERY // 2):
+        cost.observe(16, 16 * 0.104, load=32)
+        cost.observe(20, 20 * 0.104, load=32)
+    assert cost.choice == Choice(True, 1, 15)
+    assert [c.batch_limit for c in changes] == [32, 15]
+
+
 def test_a_knee_taken_at_one_load_does_not_hold_the_limit_when_the_load_rises():
     # An encoder at 8 callers, two runs at once: batches of 3-4 rows, and 2-3 rows within 2% of 4-7 (mostly 4): seen
     # flat one bucket beyond it, 3 rows is the knee.
