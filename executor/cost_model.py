@@ -336,9 +336,9 @@ class GraphCost:
             if limit > self.choice.batch_limit:
                 self._streak = 0  # a bucket not seen yet is tried at once: nothing is known of it to confirm
                 return Choice(compute_bound, concurrency, limit, self.run_threads)
-        # A bucket grown into unseen is judged on its first measure, unconfirmed too: left at once where the curve
-        # turned up there. Confirmed, ResNet-50's limit of 32, grown into at 32 callers, stood 30 s (24 runs of ~16
-        # rows) before it fell back.
+        # A bucket grown into unseen is judged on its first measure, unconfirmed too: left at once where its rows
+        # were no cheaper than the knee's. Confirmed, ResNet-50's limit of 32, grown into at 32 callers, stood 30 s
+        # (24 runs of ~16 rows) before it fell back.
         if self._untried in seen:
             self._untried = None
             if limit < self.choice.batch_limit:
