@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -203,7 +204,14 @@ def show_choice(labels: tuple[str, str, str], choice) -> None:
 
 
 def forget_choices(labels: set[tuple[str, str, str]]) -> None:
-    """Drop the scheduler gauges of client graphs whose model version was unloaded."""
+    """Drop the scheduler gauges of client graphs whose model version was unloaded, on a thread of its own. It runs
+    as a weakref finalizer, which the garbage collector may run on a thread that holds one of these gauges' locks
+    (inside ``labels()``, making a child gauge), and prometheus_client's locks are not reentrant: removing there, the
+    thread waited for itself (a test run hung so in show_choice)."""
+    threading.Thread(target=_forget, args=(frozenset(labels),), name="servex-forget-choices", daemon=True).start()
+
+
+def _forget(labels: frozenset[tuple[str, str, str]]) -> None:
     for gauge in _SCHEDULER_GAUGES:
         for label in labels:
             try:
