@@ -257,23 +257,9 @@ class GraphExecutor:
             raise error_with_code(e.error_code, f"cannot build client graph {printed!r}: {e.message}") from e
         finally:
             MEMORY.release(need)
-        chooser = None
-        makers, releases = {}, {}
+        chooser, makers, releases = None, {}, {}
         if pooled_options is not None:  # compute-bound graphs may run faster otherwise (thread_modes.py)
-            makers[POOL] = functools.partial(self.model.session._make_callable_from_options, pooled_options)
-            # A graph that changes no state may run in the version's other sessions, which hold the same values.
-            stateless = not any(self._op_policy().kinds(op) for op in ops)
-            twins = {ONE_THREAD: self.model.one_thread}
-            if self._xla and self._xla_worth_trying(ops):
-                twins[XLA] = self.model.xla
-            for mode, twin in twins.items():
-                if twin is not None and twin.available() and stateless:
-                    makers[mode] = functools.partial(self._twin_callable, twin, options, printed)
-                    releases[mode] = twin.release
-            # (the cores its runs may spread over: TensorFlow's pools' threads, which servex sizes at start)
-            pools = tf.config.threading
-            cores = max(pools.get_intra_op_parallelism_threads(), pools.get_inter_op_parallelism_threads())
-            chooser = ThreadModeChooser(printed, tuple(makers), cores or None)
+            chooser, makers, releases = self._modes(options, pooled_options, ops, printed)
         specs = tuple(
             FeedSpec(
                 name=t.name,
@@ -295,6 +281,25 @@ class GraphExecutor:
         if XLA in makers:
             graph._xla = XlaPrograms(printed, lambda: graph._made.get(XLA), graph._gate, graph._run, graph._xla_failed)
         return graph
+
+    def _modes(self, options, pooled_options, ops, printed: str):
+        """For a graph on its run worker: the chooser of its lone runs' mode, what makes each other mode's callable,
+        and what gives each twin session back (thread_modes.py)."""
+        makers = {POOL: functools.partial(self.model.session._make_callable_from_options, pooled_options)}
+        releases = {}
+        # A graph that changes no state may run in the version's other sessions, which hold the same values.
+        stateless = not any(self._op_policy().kinds(op) for op in ops)
+        twins = {ONE_THREAD: self.model.one_thread}
+        if self._xla and self._xla_worth_trying(ops):
+            twins[XLA] = self.model.xla
+        for mode, twin in twins.items():
+            if twin is not None and twin.available() and stateless:
+                makers[mode] = functools.partial(self._twin_callable, twin, options, printed)
+                releases[mode] = twin.release
+        # (the cores its runs may spread over: TensorFlow's pools' threads, which servex sizes at start)
+        pools = tf.config.threading
+        cores = max(pools.get_intra_op_parallelism_threads(), pools.get_inter_op_parallelism_threads())
+        return ThreadModeChooser(printed, tuple(makers), cores or None), makers, releases
 
     def _xla_worth_trying(self, ops) -> bool:
         """The graph runs a function call the XLA session compiles, and no convolution (xla_programs.py)."""
