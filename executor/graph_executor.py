@@ -244,22 +244,17 @@ class GraphExecutor:
         # that callable is made now too. Making a callable holds the session's runs while TensorFlow's graph
         # optimizers go over the graph: made later, beside the requests, it held a run of MobileNetV2 1.0-1.4 s
         # (30 ms alone), in the first seconds at 1 caller; made here, it adds that time to the build, once.
-        pooled_options = None
-        if self._run_in_caller_thread:
-            pooled_options = config_pb2.CallableOptions()
-            pooled_options.CopyFrom(options)
-            pooled_options.run_options.inter_op_thread_pool = 0
+        chooser, makers, releases = None, {}, {}
+        if self._run_in_caller_thread:  # compute-bound graphs may run faster otherwise (thread_modes.py)
+            chooser, makers, releases = self._modes(options, ops, printed)
         need = MEMORY.admit(len(ops) * BUILD_BYTES_PER_OP, "build", f"building client graph {printed!r}")
         try:
             fn = self.model.session._make_callable_from_options(options)
-            pooled = None if pooled_options is None else self.model.session._make_callable_from_options(pooled_options)
+            pooled = makers[POOL]() if POOL in makers else None
         except tf.errors.OpError as e:  # e.g. a tensor both fed and fetched
             raise error_with_code(e.error_code, f"cannot build client graph {printed!r}: {e.message}") from e
         finally:
             MEMORY.release(need)
-        chooser, makers, releases = None, {}, {}
-        if pooled_options is not None:  # compute-bound graphs may run faster otherwise (thread_modes.py)
-            chooser, makers, releases = self._modes(options, pooled_options, ops, printed)
         specs = tuple(
             FeedSpec(
                 name=t.name,
@@ -282,9 +277,12 @@ class GraphExecutor:
             graph._xla = XlaPrograms(printed, lambda: graph._made.get(XLA), graph._gate, graph._run, graph._xla_failed)
         return graph
 
-    def _modes(self, options, pooled_options, ops, printed: str):
+    def _modes(self, options, ops, printed: str):
         """For a graph on its run worker: the chooser of its lone runs' mode, what makes each other mode's callable,
         and what gives each twin session back (thread_modes.py)."""
+        pooled_options = config_pb2.CallableOptions()
+        pooled_options.CopyFrom(options)
+        pooled_options.run_options.inter_op_thread_pool = 0
         makers = {POOL: functools.partial(self.model.session._make_callable_from_options, pooled_options)}
         releases = {}
         # A graph that changes no state may run in the version's other sessions, which hold the same values.
