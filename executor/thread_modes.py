@@ -66,10 +66,13 @@ BUSY_LINE = {ONE_THREAD: ONE_THREAD_BUSY, XLA: XLA_BUSY}  # the modes tried only
 POOL_BUSY_SHARE = 0.8
 BUSY_RUNS = 4
 # A mode's trial ends where its first runs after its warm ones (how many: the first number) each took more than this
-# many times its worker's fastest (the second): XLA's program at its first (MobileNetV2 ran 5x slower compiled), one
-# thread at its second (a graph let in whose ops split over many cores would run several times slower there). Not
-# closer: on a noisy host the first runs after the warm ones of a graph as fast on one thread read up to 1.37x.
+# many times its worker's typical run (the second): XLA's program at its first (MobileNetV2 ran 5x slower compiled),
+# one thread at its second (a graph let in whose ops split over many cores would run several times slower there). Not
+# closer: on a noisy host the first runs after the warm ones of a graph as fast on one thread read up to 1.37x. The
+# worker's typical run is the median of its runs at that batch size (after its warm ones, once it has ``TYPICAL``),
+# not its fastest: one lucky run (8.0 ms among runs of 14.0) dropped a mode whose runs took 15.0.
 SLOWER = {XLA: (1, 1.5), ONE_THREAD: (2, 1.5)}
+TYPICAL = 3
 _WHERE = {
     WORKER: "its run worker",
     POOL: "TensorFlow's inter-op pool",
@@ -107,7 +110,7 @@ class ThreadModeChooser:
         self.mode: str | None = None  # None: not decided yet
         self.under_load = WORKER  # where runs without an XLA program go, once ``mode`` is XLA
         self._samples: dict[tuple[int, str], list[float]] = {}
-        self._worker_best: dict[int, float] = {}  # per bucket, its worker's fastest run a row (warm runs too)
+        self._worker_runs: dict[int, list[float]] = {}  # per bucket, its worker's runs a row (warm runs too)
         self._warm = dict.fromkeys([WORKER, *modes], 0)  # runs of each mode so far, up to WARM
         if XLA in self._warm:
             self._warm[XLA] = self.WARM  # its program is run warm where it is compiled (client_graph.py)
@@ -170,8 +173,7 @@ class ThreadModeChooser:
                     log.debug("client graph %s: a lone run kept %.2f cores busy: %s tried", self.name, cores,
                               " and ".join(tried) or "nothing more")  # fmt: skip
             if mode == WORKER:
-                best = self._worker_best.get(bucket(rows))
-                self._worker_best[bucket(rows)] = seconds / rows if best is None else min(best, seconds / rows)
+                self._worker_runs.setdefault(bucket(rows), []).append(seconds / rows)
             if self._warm[mode] < self.WARM:
                 self._warm[mode] += 1
                 return
@@ -181,14 +183,18 @@ class ThreadModeChooser:
             self._decide(b)
 
     def _drop_if_slower(self, mode: str, b: int) -> None:
-        """Stop trying ``mode`` where its first runs at bucket ``b`` were all much slower than its worker's
-        (``SLOWER``; the lock is held)."""
+        """Stop trying ``mode`` where its first runs at bucket ``b`` were all much slower than its worker's typical
+        run (``SLOWER``; the lock is held)."""
         if mode not in SLOWER:
             return
         runs, factor = SLOWER[mode]
         samples = self._samples[b, mode]
-        worker = self._worker_best.get(b)
-        if len(samples) != runs or worker is None or min(samples) <= factor * worker:
+        warm = self._samples.get((b, WORKER), [])
+        typical = warm if len(warm) >= TYPICAL else self._worker_runs.get(b)
+        if len(samples) != runs or not typical:
+            return
+        worker = float(np.median(typical))
+        if min(samples) <= factor * worker:
             return
         self.modes.remove(mode)
         log.info("client graph %s: %s is slower (%.1f ms a row against %.1f on its worker): not tried further",
