@@ -22,16 +22,17 @@ time divided by two is less than the same run's alone), and from their medians c
   or shared) that most of the last ``WINDOW`` were, from runs among the graph's last ``STALE_RUNS`` taken under
   about the load it has now (``LOAD_BAND``). Larger batches would hold more memory and make each caller wait longer
   for little more throughput, or less: past their knee, ResNet-50's and MobileNetV2's rows cost 10-35% more in
-  batches of 16-32 on 2 cores. Where the curve was not seen ``KNEE_SPAN`` bucket beyond the knee (it still falls
-  at the largest batch seen), the limit grows to the bucket beyond the largest seen, at once, a bucket at a time:
-  one-row runs seen, batches of up to 3 rows; those seen cheaper, up to 7; and so on. Once a knee is chosen,
+  batches of 16-32 on 2 cores. Where the curve was not seen ``KNEE_SPAN`` buckets beyond the knee (it may still
+  fall beyond the largest batch seen), the limit grows to the bucket beyond the largest seen, at once, a bucket at
+  a time: one-row runs seen, batches of up to 3 rows; then up to 7; and so on, each judged at its
+  ``MIN_SAMPLES``-th run. While it grows into the rows queued, no trial of runs at once begins. Once a knee is chosen,
   every ``EXPLORE_EVERY``-th batch may take the next bucket up (every other time the one beyond), so that a curve
   that changes (another input size, another load on the machine) is seen again. Another limit is taken once
   ``CONFIRMATIONS`` decisions in a row proposed it (growing beyond the largest batch seen, at once, and falling
   back from the bucket it grew into on that bucket's first measure); none during a trial of runs at once.
 
-The first choice is made after ``MIN_SAMPLES`` runs, then every ``DECIDE_EVERY``; a change is logged and shown in
-``servex_scheduler_*`` gauges.
+The first choice is made after ``MIN_SAMPLES`` runs, then every ``DECIDE_EVERY`` (and at the ``MIN_SAMPLES``-th run
+of a bucket the limit grew into); a change is logged and shown in ``servex_scheduler_*`` gauges.
 """
 
 from __future__ import annotations
@@ -55,11 +56,13 @@ log = logging.getLogger(__name__)
 COMPUTE_BOUND_SECONDS = 0.002
 KNEE_TOLERANCE = 0.02  # a batch size is at the knee when its time per row is within 2% of the best size's
 SHARED = 1.25  # a run that went with this many runs of its graph at once, on average, or more shared the cores
-# A knee only where the curve was seen this many buckets beyond it (twice its rows); else the limit grows a bucket.
-# Two buckets (the knee's rows times 4) kept ResNet-50 in batches of 16-31 rows, 10% dearer a row than 4-7, for
-# most of a 12-s load while the curve was seen there and the fall was confirmed. A knee taken at one load does not
-# hold the limit at the next: runs of another load stop counting, and the curve there grows it again.
-KNEE_SPAN = 1
+# A knee only where the curve was seen this many buckets beyond it (its rows times 4); else the limit grows a bucket.
+# One bucket stopped at a dip: on an AMD EPYC host ResNet-50's rows cost as much in batches of 2 as of 1 (in
+# process, 65.8 ms a row against 63.7) and 25% less from 16 up, and its limit stayed at 1-3 rows for seconds at 32
+# callers. Looking two buckets beyond costs one bucket's first measure: a bucket the limit grew into is left at once
+# where its rows were no cheaper (below). A knee taken at one load does not hold the limit at the next: runs of
+# another load stop counting, and the curve there grows it again.
+KNEE_SPAN = 2
 KNEE_KEEP = 0.05  # a limit grows only once its bucket's time per row is 5% off the best (noise is not news)
 CONFIRMATIONS = 3  # decisions in a row that must propose a new batch limit before it is taken
 WINDOW = 16  # runs of each bucket whose median counts (a median: one run slowed by another thread is not news)
@@ -164,6 +167,8 @@ class GraphCost:
         self._batches = 0
         self._proposed, self._streak = 0, 0  # a new batch limit proposed, and how many decisions in a row did
         self._untried: int | None = None  # the bucket the limit last grew into before it was seen
+        self._untried_runs = 0  # the runs of it since
+        self._growing = False  # the last decision found the curve still falling at the largest batch seen
         self.running = 0  # runs of it going now (the RunHandler counts them under its lock)
         self.running_rows = 0  # the rows of those runs (the same)
         self.waiting = 0  # rows of it queued when its last batch was taken, that batch's included (the same)
@@ -221,10 +226,18 @@ class GraphCost:
                 self._loads.append(load)
             tried = None
             if self.choice.compute_bound:  # how many of its runs go at once: learned by trial (runs_at_once.py)
-                tried = self.runs.observe(rows, max(waiting, rows), ended - seconds, ended, self.running)
+                # No trial begins while the limit still grows into the rows queued: its phases would run other
+                # batch sizes, and it held ResNet-50's limit at 3 rows for the first 10 s at 32 callers.
+                climbing = self._growing and waiting > self.choice.batch_limit
+                tried = self.runs.observe(rows, max(waiting, rows), ended - seconds, ended, self.running, climbing)
                 self.concurrency = self._at_once(self.runs.now)
-            if tried is None and self._runs % DECIDE_EVERY and self._runs != MIN_SAMPLES:  # a first choice soon
-                return None
+            # A bucket the limit grew into is judged at its first measure: its MIN_SAMPLES-th run, not the next
+            # DECIDE_EVERY-th (ResNet-50's climb from 1 row to 32 at 32 callers took 17 s deciding every 8 runs).
+            if key[1] == self._untried:
+                self._untried_runs += 1
+            measured = key[1] == self._untried and self._untried_runs == MIN_SAMPLES
+            if tried is None and not measured and self._runs % DECIDE_EVERY and self._runs != MIN_SAMPLES:
+                return None  # (a first choice soon)
             choice = self._decide()
             self.concurrency = self._at_once(self.runs.now) if choice.compute_bound else choice.concurrency
             if choice == self.choice:
@@ -311,6 +324,7 @@ class GraphCost:
         compute_bound = compute_bound or self.run_threads == 1 < self.threads
         concurrency = self._at_once(self.runs.chosen) if compute_bound else self.workers
         if not compute_bound:  # the call is the cost: a larger batch only saves hand-offs
+            self._growing = False
             return Choice(False, concurrency, self.max_batch_size, self.run_threads)
         if not seen or self.runs.trying:  # during a trial of runs at once, its runs are of either kind
             return Choice(True, concurrency, self.choice.batch_limit, self.run_threads)
@@ -318,11 +332,12 @@ class GraphCost:
             # Runs on one thread: a row's time barely falls with the batch (MobileNetV2's 1, 2-3 and 4-7-row runs
             # within 7% of each other, in either order), so a knee is noise, and a limit that fell to 1 row and rose
             # again made p99 three times p50 at 32 callers. Larger batches save a hand-off per row: the maximum.
+            self._growing = False
             return Choice(True, concurrency, self.max_batch_size, self.run_threads)
         best = min(seen.values())
         knee = min(b for b, s in seen.items() if s <= best * (1 + KNEE_TOLERANCE))
         top = max(seen)
-        growing = top < knee + KNEE_SPAN and not self._covers_max(seen)
+        growing = self._growing = top < knee + KNEE_SPAN and not self._covers_max(seen)
         if growing:  # the curve was not seen flat beyond the knee: larger may be better still, one bucket beyond
             limit = self._up_to(top + 1)  # the largest seen (not the maximum: ResNet-50's 16-31-row batches
         else:  # served 10 images/s at 32 callers, its 4-7-row ones 12)
@@ -332,7 +347,8 @@ class GraphCost:
         if limit > self.choice.batch_limit and keep:
             limit = self.choice.batch_limit  # larger only where the current limit is clearly worse: not for noise
         if growing:
-            self._untried = top + 1
+            if self._untried != top + 1:
+                self._untried, self._untried_runs = top + 1, 0
             if limit > self.choice.batch_limit:
                 self._streak = 0  # a bucket not seen yet is tried at once: nothing is known of it to confirm
                 return Choice(compute_bound, concurrency, limit, self.run_threads)
@@ -361,7 +377,8 @@ class GraphCost:
         return self.max_batch_size if 4 * limit >= 3 * self.max_batch_size else limit
 
     def _covers_max(self, seen: dict[int, float]) -> bool:
-        return max(seen) >= bucket(self.max_batch_size)
+        """Whether the largest bucket seen already allows the maximum batch (nothing beyond it to grow into)."""
+        return self._up_to(max(seen)) >= self.max_batch_size
 
     def batch_limit(self) -> int:
         """The rows the next batch may take: the choice's limit, the next bucket's on every ``EXPLORE_EVERY``-th."""

@@ -77,10 +77,13 @@ class RunsAtOnce:
         """Whether a trial goes (its phases set ``now``, not ``chosen``)."""
         return bool(self._phases)
 
-    def observe(self, rows: int, waiting: int, started: float, ended: float, running: int) -> int | None:
+    def observe(
+        self, rows: int, waiting: int, started: float, ended: float, running: int, hold: bool = False
+    ) -> int | None:
         """A run of ``rows`` rows went from ``started`` to ``ended`` (``waiting``: its rows and the rows of the graph
         left queued when it took them), while ``running`` runs of the graph went (this one included); returns the
-        new choice when a trial ended with another one."""
+        new choice when a trial ended with another one. ``hold``: no trial begins now (the batch limit still grows:
+        the trial's phases would run batches of other sizes)."""
         self._loads.append(waiting)
         self._runs.append((started, ended, rows))
         if self.most <= 1 or len(self._loads) < RECENT:
@@ -88,7 +91,7 @@ class RunsAtOnce:
         busy = statistics.median(self._loads) >= 2  # else one request at a time: nothing queues, no count matters
         if self._phases:
             return self._count(rows, started, ended, running, busy)
-        if not busy or self._trial_seconds() > TRIAL_MOST_SECONDS:
+        if not busy or hold or self._trial_seconds() > TRIAL_MOST_SECONDS:
             return None
         rate = self._recent_rate()
         moved = self._rate > 0 and rate > self._rate * MOVE  # more load: batches grow, the best count may change
