@@ -233,9 +233,10 @@ class GraphCost:
                 self.concurrency = self._at_once(self.runs.now)
             # A bucket the limit grew into is judged at its first measure: its MIN_SAMPLES-th run, not the next
             # DECIDE_EVERY-th (ResNet-50's climb from 1 row to 32 at 32 callers took 17 s deciding every 8 runs).
+            measured = False
             if key[1] == self._untried:
                 self._untried_runs += 1
-            measured = key[1] == self._untried and self._untried_runs == MIN_SAMPLES
+                measured = self._untried_runs == MIN_SAMPLES
             if tried is None and not measured and self._runs % DECIDE_EVERY and self._runs != MIN_SAMPLES:
                 return None  # (a first choice soon)
             choice = self._decide()

@@ -189,8 +189,8 @@ class ThreadModeChooser:
             return
         runs, factor = SLOWER[mode]
         samples = self._samples[b, mode]
-        warm = self._samples.get((b, WORKER), [])
-        typical = warm if len(warm) >= TYPICAL else self._worker_runs.get(b)
+        settled = self._samples.get((b, WORKER), [])  # its runs after its warm ones
+        typical = settled if len(settled) >= TYPICAL else self._worker_runs.get(b)
         if len(samples) != runs or not typical:
             return
         worker = float(np.median(typical))

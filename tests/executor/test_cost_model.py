@@ -327,14 +327,14 @@ def test_no_trial_of_runs_at_once_begins_while_the_limit_grows_into_the_rows_que
         t += falling(rows)
         cost.observe(rows, falling(rows), at_once=2, waiting=waiting, ended=t, load=32)
 
-    for _ in range(40):
-        run(1 if cost._runs < 3 else min(cost.choice.batch_limit, 30), 30)  # its first: one request alone
+    for n in range(40):
+        run(1 if n < 3 else min(cost.choice.batch_limit, 30), 30)  # its first: one request alone
         assert not cost.runs.trying or cost.choice.batch_limit >= 30
     assert cost.choice.batch_limit == 32 and cost.choice.compute_bound
     # Where the batches no longer fill up to the limit (the load, not the limit, sets their size), trials go on.
     cost = GraphCost(max_batch_size=32, workers=1, compute_runs=2)
-    for _ in range(40):
-        run(1 if cost._runs < 3 else min(cost.choice.batch_limit, 2), 2)
+    for n in range(40):
+        run(1 if n < 3 else min(cost.choice.batch_limit, 2), 2)
     assert cost.choice.batch_limit == 7 and cost.runs.trying
 
 
