@@ -31,7 +31,7 @@ from servex.executor.memory import BUILD_BYTES_PER_OP, MEMORY
 from servex.executor.metrics import CacheMetrics
 from servex.executor.op_policy import OpPolicy
 from servex.executor.thread_modes import ONE_THREAD, POOL, XLA, ThreadModeChooser
-from servex.executor.xla_programs import CONVOLUTIONS, XlaPrograms
+from servex.executor.xla_programs import CONVOLUTIONS, LOOPS, XlaPrograms
 from servex.loader.errors import InvalidArgument, ServingError, error_with_code
 from servex.loader.saved_model import SavedModelVersion, shape_matches, shape_text, walk
 from servex.loader.variables import PREPARE_POOL
@@ -288,7 +288,8 @@ class GraphExecutor:
         # A graph that changes no state may run in the version's other sessions, which hold the same values.
         stateless = not any(self._op_policy().kinds(op) for op in ops)
         twins = {ONE_THREAD: self.model.one_thread}
-        if self._xla and self._xla_worth_trying(ops):
+        calls = self._xla_calls(ops)
+        if calls:
             twins[XLA] = self.model.xla
         for mode, twin in twins.items():
             if twin is not None and twin.available() and stateless:
@@ -297,13 +298,21 @@ class GraphExecutor:
         # (the cores its runs may spread over: TensorFlow's pools' threads, which servex sizes at start)
         pools = tf.config.threading
         cores = max(pools.get_intra_op_parallelism_threads(), pools.get_inter_op_parallelism_threads())
-        return ThreadModeChooser(printed, tuple(makers), cores or None), makers, releases
+        # A loop's XLA trial waits for no busy cores: how busy a loop of tiny ops keeps the cores is its spinning
+        # threads' (a GRU's lone runs read 1.46 and 1.80 in two starts on one host), not its ops' (xla_programs.py).
+        policy = self._op_policy()
+        loops = XLA in makers and any(policy.types(op) & LOOPS for op in ops if op.name in calls)
+        chooser = ThreadModeChooser(printed, tuple(makers), cores or None, ungated=(XLA,) if loops else ())
+        return chooser, makers, releases
 
-    def _xla_worth_trying(self, ops) -> bool:
-        """The graph runs a function call the XLA session compiles, and no convolution (xla_programs.py)."""
+    def _xla_calls(self, ops) -> frozenset[str]:
+        """The function calls of the graph the XLA session compiles, where XLA is tried at all: where it is on, and
+        none of them runs a convolution (xla_programs.py); else none."""
+        if not self._xla:
+            return frozenset()
         calls = compiled_calls(ops) & getattr(self.model.xla, "calls", frozenset())
         policy = self._op_policy()
-        return bool(calls) and not any(policy.types(op) & CONVOLUTIONS for op in ops if op.name in calls)
+        return frozenset() if any(policy.types(op) & CONVOLUTIONS for op in ops if op.name in calls) else calls
 
     def _twin_callable(self, twin, options: config_pb2.CallableOptions, printed: str):
         """The client graph's callable in one of the version's other sessions (loader/one_thread.py, loader/xla.py:

@@ -54,7 +54,8 @@ ONE_THREAD_BUSY = 1.6
 # requests: at 1 caller on 2 cores the encoder's mean latency over its first 5 s rose by 0.7-0.9 ms), so it is tried
 # below a lower line: it gained where a lone run kept a core busy, or little more (a GRU, 1.00-1.04 in every run:
 # 1.2-1.4 ms a row compiled against 2.8-3.5; the encoder on the first host, 1.06-1.25), and never above 1.5 (the
-# encoder on the second, 1.54-1.73: 10.9-12.8 ms compiled against 8.5-8.8 on its worker).
+# encoder on the second, 1.54-1.73: 10.9-12.8 ms compiled against 8.5-8.8 on its worker). A graph that runs a loop
+# tries it whatever its lone runs keep busy (xla_programs.py's LOOPS).
 XLA_BUSY = 1.4
 BUSY_LINE = {ONE_THREAD: ONE_THREAD_BUSY, XLA: XLA_BUSY}  # the modes tried only below a line, and their lines
 # The inter-op pool runs independent ops at once on cores a lone run leaves idle: it is tried only where the worker's
@@ -96,12 +97,17 @@ class ThreadModeChooser:
     # 12.1, inside the host's noise), served 85 rows/s at 32 callers while its batch sizes compiled, against 159-173.
     GAINS = {XLA: 0.15}
 
-    def __init__(self, name: str = "", modes: Sequence[str] = (WORKER, POOL), cores: int | None = None):
+    def __init__(
+        self, name: str = "", modes: Sequence[str] = (WORKER, POOL), cores: int | None = None,
+        ungated: Sequence[str] = (),
+    ):  # fmt: skip
         self.name = name
         # The first run on its worker: a small graph is told at once, with nothing else made. One thread (and, where
         # the ``cores`` TensorFlow's pools may use are known, the inter-op pool) joins once the worker's runs showed
-        # how busy they keep the cores.
-        self._lines = {**BUSY_LINE, POOL: POOL_BUSY_SHARE * cores} if cores else dict(BUSY_LINE)
+        # how busy they keep the cores; ``ungated`` modes are tried from the first runs, whatever they keep busy
+        # (XLA's program for a loop: graph_executor.py).
+        lines = {**BUSY_LINE, POOL: POOL_BUSY_SHARE * cores} if cores else dict(BUSY_LINE)
+        self._lines = {m: line for m, line in lines.items() if m not in ungated}
         self.modes = [WORKER, *(m for m in modes if m != WORKER and m not in self._lines)]
         self._waiting = [m for m in self._lines if m in modes]  # tried once the worker's runs left cores idle enough
         self._gated = bool(self._waiting)

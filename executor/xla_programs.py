@@ -38,6 +38,11 @@ CONVOLUTIONS = frozenset(
         "DepthwiseConv2dNativeBackpropInput", "FusedConv2D", "FusedDepthwiseConv2dNative", "QuantizedConv2D",
     }
 )  # fmt: skip
+# A graph whose calls run a loop of these tries XLA whatever the cores its lone runs kept busy (thread_modes.py's
+# XLA_BUSY): a recurrent loop of tiny ops is where XLA gains most (a GRU of 64 steps, 2.5 ms a row compiled against
+# 8.6 on its run worker), and its lone runs' busy cores are TensorFlow's threads spinning between ops, which read
+# 1.46 in one start and 1.80 in the next on one host.
+LOOPS = frozenset({"While", "StatelessWhile"})
 MOST = 12  # (program_rows' ten sizes up to 32 rows, and two more)
 WARM = 2
 RTOL = 1e-3

@@ -18,11 +18,11 @@ MODES = (WORKER, POOL, ONE_THREAD)
 
 
 def chosen(
-    seconds: dict[str, float], rows: int = 1, busy: float = 1.2, cores: int | None = None
+    seconds: dict[str, float], rows: int = 1, busy: float = 1.2, cores: int | None = None, ungated=()
 ) -> tuple[str | None, list[str]]:
     """Run a ThreadModeChooser of ``seconds``' modes to its decision on fixed run times, its worker's runs keeping
     ``busy`` of ``cores`` cores busy (None: not known); its choice and the modes it tried, in order."""
-    chooser = ThreadModeChooser("g", tuple(seconds), cores)
+    chooser = ThreadModeChooser("g", tuple(seconds), cores, ungated=ungated)
     tried = []
     for _ in range(2 * chooser.runs):
         if chooser.mode is not None:
@@ -201,3 +201,20 @@ def test_xla_is_tried_below_its_own_busy_line():
     mode, tried = chosen(times, busy=XLA_BUSY - 0.1)
     assert mode == XLA and ONE_THREAD in tried
     assert XLA_BUSY < ONE_THREAD_BUSY
+
+
+def test_an_ungated_mode_is_tried_from_the_first_runs_whatever_the_cores_kept_busy():
+    # A GRU-like loop of tiny ops: its lone runs on its worker read 1.80 cores busy in one start (TensorFlow's threads
+    # spinning between ops), over XLA's line, where its program ran 3x faster. Offered ungated (graph_executor.py:
+    # a loop), XLA takes turns from the first runs and is kept; gated, it is never tried.
+    times = {WORKER: 0.0086, POOL: 0.0090, ONE_THREAD: 0.0085, XLA: 0.0025}
+    mode, tried = chosen(times, busy=1.8)
+    assert mode == WORKER and XLA not in tried
+    mode, tried = chosen(times, busy=1.8, ungated=(XLA,))
+    assert mode == XLA and tried[:3] == [WORKER, POOL, XLA] and ONE_THREAD not in tried
+    # Below the lines, the gated modes still join once the worker's runs were measured.
+    mode, tried = chosen(times, busy=1.2, ungated=(XLA,))
+    assert mode == XLA and ONE_THREAD in tried and tried.index(ONE_THREAD) > tried.index(XLA)
+    # Ungated but slower: dropped at its first run as before, and the worker kept.
+    mode, tried = chosen({**times, XLA: 0.0200}, busy=1.8, ungated=(XLA,))
+    assert mode == WORKER and tried.count(XLA) == 1
