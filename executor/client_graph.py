@@ -149,9 +149,38 @@ class LoadedClientGraph:
         rows = sorted_feeds[0].shape[0] if sorted_feeds and sorted_feeds[0].ndim else 1
         if ran is not None:
             chooser.record(mode, rows, ran, busy)
+            if mode == WORKER and POOL in self._makers and POOL not in self._making and chooser.mode is None:
+                self._pool_or_not(chooser, busy)
         if chooser.mode is not None:
             self._settle(chooser.mode)
         return results
+
+    def _pool_or_not(self, chooser: ThreadModeChooser, busy: float | None) -> None:
+        """After the graph's first timed lone run on its worker: its pooled callable is made now, on the worker
+        before this run's answer, where the pool may be tried; else never. Making a callable holds the session's
+        runs while TensorFlow's optimizers go over the graph (beside the requests it held one MobileNetV2 request
+        1.0-1.4 s), so it is made while this graph's first request waits anyway, not beside its runs; and only where
+        it may serve: a small graph (told at its first run) or one whose run kept the cores busy over the pool's
+        line (ResNet-50 on 2 cores: 1.66 at its first run) never makes it (1.2 s of ResNet-50's first request)."""
+        maker = self._makers.pop(POOL)  # (asked once)
+        pooled = None
+        shown = "" if busy is None else f"{busy:.2f}"
+        if not chooser.may_try(POOL, busy):
+            log.debug("client graph %s: its first lone run kept %s cores busy: the inter-op pool not tried", self.key,
+                      shown)  # fmt: skip
+        else:
+            started = time.perf_counter()
+            try:
+                pooled = maker()
+                log.debug("client graph %s: its first lone run kept %s cores busy: the inter-op pool's callable made "
+                          "in %.3fs", self.key, shown or "?", time.perf_counter() - started)  # fmt: skip
+            except Exception:  # (memory refused, or TensorFlow could not make it) its runs stay on the worker
+                log.exception("client graph %s: making its inter-op pool's callable failed; its runs stay on its "
+                              "worker", self.key)  # fmt: skip
+        if pooled is None:
+            chooser.drop(POOL)
+        else:
+            self._made[POOL] = pooled
 
     def _quiet(self) -> bool:
         """Nothing is made or compiled beside the graph's runs."""
@@ -173,7 +202,7 @@ class LoadedClientGraph:
     def _mode_callable(self, mode: str):
         """The mode's callable, or None while it is made on the prepare pool, off the requests' path: the one-thread
         one restores the variables into the version's second session first, XLA's compiles. (The pooled one, in the
-        version's own session, is made with the graph: graph_executor.py.)"""
+        version's own session, is made after the graph's first lone run: ``_pool_or_not``.)"""
         fn = self._made.get(mode)
         if fn is None and mode not in self._making:
             self._making[mode] = PREPARE_POOL.submit(self._make, mode)
@@ -199,7 +228,7 @@ class LoadedClientGraph:
         if chosen != XLA:
             self._xla = None  # nothing more to compile or count (a small graph's runs: from its first)
         if chosen != POOL:
-            self._made.pop(POOL, None)  # its executors go (made at the build: graph_executor.py)
+            self._made.pop(POOL, None)  # its executors go (made after its first lone run: _pool_or_not)
         kept = {chosen, self._chooser.under_load}
         for mode in [m for m in self._releases if m not in kept]:
             release = self._releases.pop(mode, None)

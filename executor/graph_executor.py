@@ -241,16 +241,13 @@ class GraphExecutor:
         # Session.MakeCallable prunes the graph to what these feeds/fetches/targets need and builds its
         # executors now, so the first run pays nothing more.
         # A graph that runs on its worker may run its lone runs on TensorFlow's inter-op pool instead (thread_modes.py):
-        # that callable is made now too. Making a callable holds the session's runs while TensorFlow's graph
-        # optimizers go over the graph: made later, beside the requests, it held a run of MobileNetV2 1.0-1.4 s
-        # (30 ms alone), in the first seconds at 1 caller; made here, it adds that time to the build, once.
+        # that callable is made after its first lone run, where the pool may be tried (client_graph.py).
         chooser, makers, releases = None, {}, {}
         if self._run_in_caller_thread:  # compute-bound graphs may run faster otherwise (thread_modes.py)
             chooser, makers, releases = self._modes(options, ops, printed)
         need = MEMORY.admit(len(ops) * BUILD_BYTES_PER_OP, "build", f"building client graph {printed!r}")
         try:
             fn = self.model.session._make_callable_from_options(options)
-            pooled = makers[POOL]() if POOL in makers else None
         except tf.errors.OpError as e:  # e.g. a tensor both fed and fetched
             raise error_with_code(e.error_code, f"cannot build client graph {printed!r}: {e.message}") from e
         finally:
@@ -271,8 +268,6 @@ class GraphExecutor:
         log.debug("built client graph %s in %.3fs (reads %d variables)", printed, seconds, len(variables))
         graph = LoadedClientGraph(printed, key, specs, fetch_names, target_names, variables, seconds, pin, fn)
         graph._chooser, graph._makers, graph._releases = chooser, makers, releases
-        if pooled is not None:
-            graph._made[POOL] = pooled
         if XLA in makers:
             graph._xla = XlaPrograms(printed, lambda: graph._made.get(XLA), graph._gate, graph._run, graph._xla_failed)
         return graph
@@ -283,7 +278,7 @@ class GraphExecutor:
         pooled_options = config_pb2.CallableOptions()
         pooled_options.CopyFrom(options)
         pooled_options.run_options.inter_op_thread_pool = 0
-        makers = {POOL: functools.partial(self.model.session._make_callable_from_options, pooled_options)}
+        makers = {POOL: functools.partial(self._pooled_callable, pooled_options, len(ops), printed)}
         releases = {}
         # A graph that changes no state may run in the version's other sessions, which hold the same values.
         stateless = not any(self._op_policy().kinds(op) for op in ops)
@@ -304,6 +299,14 @@ class GraphExecutor:
         loops = XLA in makers and any(policy.types(op) & LOOPS for op in ops if op.name in calls)
         chooser = ThreadModeChooser(printed, tuple(makers), cores or None, ungated=(XLA,) if loops else ())
         return chooser, makers, releases
+
+    def _pooled_callable(self, options: config_pb2.CallableOptions, ops: int, printed: str):
+        """The graph's callable whose ops go on TensorFlow's inter-op pool, its memory admitted as a build's."""
+        need = MEMORY.admit(ops * BUILD_BYTES_PER_OP, "build", f"building client graph {printed!r} for the pool")
+        try:
+            return self.model.session._make_callable_from_options(options)
+        finally:
+            MEMORY.release(need)
 
     def _xla_calls(self, ops) -> frozenset[str]:
         """The function calls of the graph the XLA session compiles, where XLA is tried at all: where it is on, and

@@ -63,8 +63,10 @@ BUSY_LINE = {ONE_THREAD: ONE_THREAD_BUSY, XLA: XLA_BUSY}  # the modes tried only
 # 5% above one core busy (the GRU, 1.0: 2.4 ms a row against 3.1 in one process), and came within 4.4% of the worker
 # from 1.54 up (MobileNetV2, EfficientNetB0, the encoder at 1.61-1.71, DenseNet-121 at 1.76, ResNet-50 at 1.80-1.90),
 # while its trial, its callable made and first run beside the requests, raised ResNet-50's mean latency over the
-# first seconds at 1 caller.
-POOL_BUSY_SHARE = 0.8
+# first seconds at 1 caller. Its callable is made after the graph's first lone run, where that run read under the
+# line (client_graph.py): a first run reads fewer cores busy than the next (ResNet-50 1.59-1.66 against 1.82-1.90,
+# MobileNetV2 1.28-1.38 against 1.41-1.56), and at 0.8 of 2 cores ResNet-50's first request made it half the time.
+POOL_BUSY_SHARE = 0.75
 BUSY_RUNS = 4
 # A mode's trial ends where its first runs after its warm ones (how many: the first number) each took more than this
 # many times its worker's typical run (the second): XLA's program at its first (MobileNetV2 ran 5x slower compiled),
@@ -140,6 +142,17 @@ class ThreadModeChooser:
         self._turn = (self._turn + 1) % len(self.modes)
         return self.modes[self._turn]
 
+    def may_try(self, mode: str, busy: float | None) -> bool:
+        """Whether ``mode`` may still be tried, a lone run on its worker having kept ``busy`` cores busy (None: not
+        measured): a mode that waits for the busy cores is not, where this run reached its line (the most of the
+        first ``BUSY_RUNS`` runs decides)."""
+        with self._lock:
+            if self.mode is not None:
+                return False
+            if mode in self.modes:
+                return True
+            return mode in self._waiting and (busy is None or busy < self._lines[mode])
+
     def drop(self, mode: str) -> None:
         """``mode`` cannot be had (its callable or session could not be made): try the others."""
         with self._lock:
@@ -148,6 +161,8 @@ class ThreadModeChooser:
             if mode in self._waiting:
                 self._waiting.remove(mode)
                 self._gated = self._gated and bool(self._waiting)
+                if not self._gated and self._busy:
+                    self.busy_cores = max(self._busy)  # (what was measured, for the log)
             if mode in self.modes:
                 self.modes.remove(mode)
             for b in {b for b, _ in self._samples}:

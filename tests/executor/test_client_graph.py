@@ -4,7 +4,6 @@ on its run worker, or (runs alone of a compute-bound graph, where faster) Tensor
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import tensorflow as tf
 
 from servex.executor import GraphExecutor, LoadedClientGraph, client_graph_key, thread_modes
@@ -45,10 +44,10 @@ def test_only_runs_alone_try_or_take_the_inter_op_pool(half):
     graph = executor.client_graph(["x:0"], ["y:0"])
     for _ in range(3):  # under load (another run going, or requests queued): on the worker, and not a trial
         np.testing.assert_array_equal(executor.run({"x:0": X}, ["y:0"], alone=False)[0], Y)
-    assert graph._chooser.mode is None and set(graph._made) == {POOL}  # made with the graph
+    assert graph._chooser.mode is None and graph._made == {}  # nothing but its own callable made with the graph
     np.testing.assert_array_equal(executor.run({"x:0": X}, ["y:0"])[0], Y)
     assert graph._chooser.mode == WORKER  # alone, and small: on its worker from its first run
-    assert POOL not in graph._made  # its pooled callable let go
+    assert POOL not in graph._made  # and its pooled callable never made
     # As where runs alone were found faster on the pool: its pooled callable, counted.
     pooled, calls = graph._makers[POOL](), []
     graph._made[POOL] = lambda *feeds: calls.append(1) or pooled(*feeds)
@@ -59,19 +58,42 @@ def test_only_runs_alone_try_or_take_the_inter_op_pool(half):
     assert calls == [1]
 
 
-def test_the_pooled_callable_is_made_with_the_graph_not_beside_its_runs(half, monkeypatch):
+def test_the_pooled_callable_is_made_after_the_first_lone_run_not_beside_the_runs(half, monkeypatch):
     # Making a callable holds the session's runs while TensorFlow's optimizers go over the graph (a MobileNetV2 run
-    # of 30 ms took 1.0-1.4 s beside it): the pooled one is made when the graph is built, and no trial makes one.
+    # of 30 ms took 1.0-1.4 s beside it): the pooled one is made on the worker right after the graph's first lone
+    # run, before its answer, and no trial makes one beside the runs.
     monkeypatch.setattr(thread_modes, "COMPUTE_BOUND_SECONDS", 0.0)  # as for a compute-bound graph
     executor = GraphExecutor(half)
     graph = executor.client_graph(["x:0"], ["y:0"])
-    pooled, calls = graph._made[POOL], []
-    graph._made[POOL] = lambda *feeds: calls.append(1) or pooled(*feeds)
-    graph._makers[POOL] = lambda: pytest.fail("the pooled callable was made again, beside the runs")
+    assert graph._made == {}
+    maker, calls = graph._makers[POOL], []
+
+    def make():
+        pooled = maker()
+        return lambda *feeds: calls.append(1) or pooled(*feeds)
+
+    graph._makers[POOL] = make
+    np.testing.assert_array_equal(executor.run({"x:0": X}, ["y:0"], alone=False)[0], Y)  # under load: nothing made
+    assert graph._made == {} and POOL in graph._makers
     for _ in range(4):  # worker, pool, worker, pool: the trial takes turns from its first runs
         np.testing.assert_array_equal(executor.run({"x:0": X}, ["y:0"])[0], Y)
-    assert calls == [1, 1] and graph._making == {}
+    assert calls == [1, 1] and graph._making == {} and POOL not in graph._makers  # made once, by the first run
     assert graph._chooser.mode is None  # still trying
+
+
+def test_the_pooled_callable_is_never_made_where_the_first_run_kept_the_cores_over_its_line(half, monkeypatch):
+    # ResNet-50 on 2 cores: its first lone run kept 1.66 cores busy, over the pool's line (1.6): the pool would never
+    # be tried (the most of the first runs decides), so its callable (1.2 s of the first request) is not made.
+    monkeypatch.setattr(thread_modes, "COMPUTE_BOUND_SECONDS", 0.0)
+    for share, made in ((0.0, False), (10.0, True)):  # the line at no cores busy, and at 20 (of 2)
+        monkeypatch.setattr(thread_modes, "POOL_BUSY_SHARE", share)
+        executor = GraphExecutor(half)
+        graph = executor.client_graph(["x:0"], ["y:0"])
+        graph._chooser = thread_modes.ThreadModeChooser(graph.key, tuple(graph._chooser.modes), cores=2)
+        assert POOL not in graph._chooser.modes and graph._chooser.gated  # it waits for the busy cores
+        np.testing.assert_array_equal(executor.run({"x:0": X}, ["y:0"])[0], Y)
+        assert (POOL in graph._made) == made and POOL not in graph._makers
+        assert graph._chooser.may_try(POOL, 0.0) == made  # dropped where not made
 
 
 def test_a_graph_that_keeps_one_thread_runs_there_alone_and_under_load(testdata, monkeypatch):
