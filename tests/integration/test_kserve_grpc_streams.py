@@ -87,7 +87,7 @@ def test_a_stream_s_requests_run_together_and_batch_their_answers_in_order(start
     """The requests of one stream queue as separate calls do: behind a slow one holding the only worker, the next
     ones wait together and run as batches; every answer is still its own, in request order."""
     config = model_config_file(tmp_path, {"slow": slow_model, "hp": HALF_PLUS_TWO_TF1})
-    daemon = start_daemon(f"--model_config_file={config}", "--enable_batching", "--num_run_workers=1")
+    daemon = start_daemon(f"--model_config_file={config}", "--enable_batching", "--num_run_workers=1", "--xla=false")
     slow = service_pb2.ModelInferRequest(model_name="slow", id="slow")
     slow.inputs.add(name="iterations", datatype="INT64", shape=[]).contents.int64_contents.append(600_000)
     requests = [slow] + [fp32_request(model="hp", values=(float(i),)) for i in range(16)]

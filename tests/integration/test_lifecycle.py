@@ -356,7 +356,7 @@ def test_the_server_is_ready_only_once_the_start_up_models_are_in(tmp_path, slow
     record.predict_log.request.inputs["iterations"].CopyFrom(tf.make_tensor_proto(np.array(3_000_000, np.int64)))
     write_warmup_file(slow / "1", [record.SerializeToString()])
     config = model_config_file(tmp_path, {"fast": HALF_PLUS_TWO_TF1, "slow": slow})
-    daemon = Daemon([f"--model_config_file={config}"], tmp_path, rest=True, spare=True)
+    daemon = Daemon([f"--model_config_file={config}", "--xla=false"], tmp_path, rest=True, spare=True)
     client = triton.InferenceServerClient(daemon.address)
 
     def rest_ok(path: str) -> bool:

@@ -144,7 +144,8 @@ def test_message_size_limit_gives_resource_exhausted_and_keeps_serving(start_dae
 
 
 def test_sigterm_finishes_in_flight_calls_refuses_new_ones_and_exits_zero(slow_model, tmp_path):
-    daemon = Daemon([f"--model_base_path={slow_model}", "--model_name=slow"], tmp_path, spare=True).wait_serving()
+    args = [f"--model_base_path={slow_model}", "--model_name=slow", "--xla=false"]
+    daemon = Daemon(args, tmp_path, spare=True).wait_serving()
     iterations = 400_000  # about a second on this machine
     outcome = {}
 

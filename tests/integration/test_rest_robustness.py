@@ -227,7 +227,7 @@ def test_rest_api_timeout_bounds_the_whole_call_as_in_tensorflow_serving(tmp_pat
     # answered 504 at the timeout, as TensorFlow Serving's RunOptions timeout answers; the run finishes on its
     # worker. Another worker serves the next call meanwhile.
     args = [f"--model_base_path={slow_model}", "--model_name=slow", "--num_run_workers=2",
-            "--rest_api_timeout_in_ms=300"]  # fmt: skip
+            "--rest_api_timeout_in_ms=300", "--xla=false"]  # fmt: skip
     daemon = Daemon(args, tmp_path, rest=True).wait_serving()
     try:
         status, answer = call(daemon, "/v1/models/slow:predict", {"inputs": {"iterations": 1_200_000}})

@@ -83,7 +83,7 @@ def test_priority_metadata_must_be_an_integer(half_daemon):
 @pytest.fixture(scope="module")
 def one_worker(start_daemon, slow_model):
     return start_daemon(f"--model_base_path={slow_model}", "--model_name=slow", "--num_run_workers=1",
-                        "--max_queued_requests=3", "--priority_aging_ms=0")  # fmt: skip
+                        "--max_queued_requests=3", "--priority_aging_ms=0", "--xla=false")  # fmt: skip
 
 
 def _hold_the_worker(daemon, seconds_of_work=600_000):

@@ -94,7 +94,7 @@ def start(tmp_path_factory, *args: str, rest: bool = True) -> Daemon:
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory, repository):
-    daemon = start(tmp_path_factory, f"--model-repository={repository}", "--num_run_workers=1")
+    daemon = start(tmp_path_factory, f"--model-repository={repository}", "--num_run_workers=1", "--xla=false")
     yield daemon
     daemon.stop()
 

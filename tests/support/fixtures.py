@@ -57,7 +57,9 @@ def shared_daemon(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def slow_model(tmp_path_factory) -> Path:
-    """``models.export_slow``'s model: a run as long as the caller asks; returns its base path (version 1 inside)."""
+    """``models.export_slow``'s model: a run as long as the caller asks; returns its base path (version 1 inside).
+    Its daemons run with ``--xla=false``: its counting loop would try XLA's program (a loop: executor/xla_programs.py),
+    which counts to the same answer in far less time than the runs the tests hold a worker with."""
     from tests.support import models
 
     base = tmp_path_factory.mktemp("slow")
