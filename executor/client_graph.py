@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from servex.executor.thread_modes import ONE_THREAD, POOL, WORKER, XLA, ThreadModeChooser
 from servex.executor.xla_programs import XlaPrograms
-from servex.loader.errors import InvalidArgument
+from servex.loader.errors import InvalidArgument, ResourceExhausted
 from servex.loader.variables import PREPARE_POOL, RunGate
 
 log = logging.getLogger(__name__)
@@ -174,7 +174,9 @@ class LoadedClientGraph:
                 pooled = maker()
                 log.debug("client graph %s: its first lone run kept %s cores busy: the inter-op pool's callable made "
                           "in %.3fs", self.key, shown or "?", time.perf_counter() - started)  # fmt: skip
-            except Exception:  # (memory refused, or TensorFlow could not make it) its runs stay on the worker
+            except ResourceExhausted as e:  # its runs stay on the worker, and no call is refused
+                log.info("client graph %s: the inter-op pool not tried: %s", self.key, e)
+            except Exception:  # (TensorFlow could not make it) its runs stay on the worker
                 log.exception("client graph %s: making its inter-op pool's callable failed; its runs stay on its "
                               "worker", self.key)  # fmt: skip
         if pooled is None:
@@ -211,6 +213,9 @@ class LoadedClientGraph:
     def _make(self, mode: str) -> None:
         try:
             fn = self._makers[mode]()
+        except ResourceExhausted as e:  # its runs stay on the worker, where they went, and no call is refused
+            log.info("client graph %s: the %s session not tried: %s", self.key, mode, e)
+            fn = None
         except Exception:  # its runs stay on the worker, where they went
             log.exception("client graph %s: making its %s callable failed; its runs stay on its worker", self.key,
                           mode)  # fmt: skip

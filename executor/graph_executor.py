@@ -301,8 +301,9 @@ class GraphExecutor:
         return chooser, makers, releases
 
     def _pooled_callable(self, options: config_pb2.CallableOptions, ops: int, printed: str):
-        """The graph's callable whose ops go on TensorFlow's inter-op pool, its memory admitted as a build's."""
-        need = MEMORY.admit(ops * BUILD_BYTES_PER_OP, "build", f"building client graph {printed!r} for the pool")
+        """The graph's callable whose ops go on TensorFlow's inter-op pool, its memory admitted as a build's (a trial's:
+        refused, the graph's runs stay on its worker and no call is refused)."""
+        need = MEMORY.admit(ops * BUILD_BYTES_PER_OP, "trial", f"building client graph {printed!r} for the pool")
         try:
             return self.model.session._make_callable_from_options(options)
         finally:
@@ -320,10 +321,10 @@ class GraphExecutor:
     def _twin_callable(self, twin, options: config_pb2.CallableOptions, printed: str):
         """The client graph's callable in one of the version's other sessions (loader/one_thread.py, loader/xla.py:
         made, and its variables copied into it, on the first call), or None where there is none to have. Its
-        memory: the version's restored variables again, admitted first."""
+        memory: the version's restored variables again, admitted first (as a trial's, like ``_pooled_callable``)."""
         store = self.model.variables
         size = sum(r.nbytes for n, r in store.records.items() if store.loaded.placed(n, store.device))
-        need = MEMORY.admit(size, "restore", f"a second session ({twin.what}) for client graph {printed!r}")
+        need = MEMORY.admit(size, "trial", f"a second session ({twin.what}) for client graph {printed!r}")
         try:
             session = twin.acquire()
         finally:

@@ -149,3 +149,29 @@ def test_a_graph_that_changes_state_never_tries_a_second_session(testdata, monke
 
 
 # -- what the executor rejects ------------------------------------------------------------------------------
+
+
+def test_a_pool_not_made_for_want_of_memory_refuses_no_call(half, monkeypatch):
+    # Under a memory limit with no room left, the pooled callable (a trial's) is not made: the run goes on its
+    # worker, answered, and the refusal is counted as a trial's, not as a build's.
+    from prometheus_client import REGISTRY
+
+    from servex.executor.memory import MEMORY
+
+    def refused(what: str) -> float:
+        return REGISTRY.get_sample_value("servex_memory_refused_total", {"what": what}) or 0.0
+
+    monkeypatch.setattr(thread_modes, "COMPUTE_BOUND_SECONDS", 0.0)  # as for a compute-bound graph
+    executor = GraphExecutor(half)
+    graph = executor.client_graph(["x:0"], ["y:0"])
+    pending = executor.prepare(["x:0"], ["y:0"])
+    if pending is not None:
+        pending.result(timeout=60)
+    trials, builds = refused("trial"), refused("build")
+    MEMORY.configure(1, "a test's limit")  # usable: none
+    try:
+        np.testing.assert_array_equal(executor.run({"x:0": X}, ["y:0"])[0], Y)
+    finally:
+        MEMORY.configure(0, "")
+    assert POOL not in graph._made and POOL not in graph._makers and not graph._chooser.may_try(POOL, 0.0)
+    assert refused("trial") == trials + 1 and refused("build") == builds

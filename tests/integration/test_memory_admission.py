@@ -120,7 +120,10 @@ def test_a_flood_past_the_memory_limit_is_answered_and_the_daemon_lives(tile_mod
             if cgroup is not None:
                 assert cgroup.oom_kills() == 0
             assert metric(daemon, "servex_memory_limit_bytes") == LIMIT
-            assert metric(daemon, "servex_memory_refused_total") == codes["RESOURCE_EXHAUSTED"]
+            # Each refusal the daemon counted answered a call, but the trials it skipped (a faster way to run the
+            # graph, not tried for want of memory: no call is refused for them).
+            refused = metric(daemon, "servex_memory_refused_total")
+            assert refused - metric(daemon, "servex_memory_refused_total", what="trial") == codes["RESOURCE_EXHAUSTED"]
 
             # Everyone else is served once the flood is over, and what it was admitted with was given back.
             stub = prediction_service_pb2_grpc.PredictionServiceStub(daemon.channel)
