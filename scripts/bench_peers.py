@@ -103,13 +103,13 @@ def wait_ready(port: int, proc: subprocess.Popen, timeout: float = 180) -> None:
         channel.close()
 
 
-def h2load_percentiles(port: int, frame: Path, concurrency: int, seconds: int) -> dict:
+def h2load_percentiles(port: int, frame: Path, concurrency: int, seconds: int, method: str = METHOD) -> dict:
     """p50/p99 latency at ``concurrency`` from h2load's per-request log, with the kit driver's connection layout
     (at most 4 connections, the callers spread over them as streams): a C client, so the server is measured."""
     connections = min(concurrency, 4)
     with tempfile.NamedTemporaryFile(suffix=".tsv") as log:
         subprocess.run(
-            ["h2load", f"http://127.0.0.1:{port}{METHOD}", "-d", str(frame), "-c", str(connections),
+            ["h2load", f"http://127.0.0.1:{port}{method}", "-d", str(frame), "-c", str(connections),
              "-m", str(max(1, concurrency // connections)), "-D", str(seconds), "--warm-up-time=1",
              "-H", "content-type: application/grpc", "-H", "te: trailers", f"--log-file={log.name}"],
             capture_output=True, check=True,

@@ -15,7 +15,7 @@ where a slow model needs it for ~8 requests per caller; then 1 caller through gr
 some large requests wait 40 ms unread: docs/performance.md). ModelInfer is checked (it answers the output) before
 and after the load, so errors are not counted as throughput; a server that fails is recorded and skipped.
 ``wide_deep_classify`` (with wide_deep): servex's TensorFlow Serving Classify, one serialized tf.Example per
-request, from a grpc.aio closed loop, against in-process ``classify`` calls.
+request, through h2load too (then 1 caller through grpcio's client), against in-process ``classify`` calls.
 Prints one JSON line per measurement, then each model's ratios against the goals (medians over rounds), and
 writes DOCS/performance-suite.md and DOCS/img/suite.png (matplotlib). --models: the suite by default; also other
 architectures (suite_models.MORE: efficientnet_b0, densenet121, gru) to check the defaults on.
@@ -169,12 +169,12 @@ def check_infer(port: int, request, output: str, calls: int = 3) -> None:
                 raise RuntimeError(f"ModelInfer answered no {output!r} row: {[o.name for o in response.outputs]}")
 
 
-def h2load_level(port: int, frame: Path, c: int, seconds: int) -> dict:
+def h2load_level(port: int, frame: Path, c: int, seconds: int, method: str = METHOD) -> dict:
     """rows/s and mean latency from the kit's h2load driver, then p50/p99 from h2load's per-request log."""
-    r = h2load_run(port, str(frame), c, seconds, METHOD)
+    r = h2load_run(port, str(frame), c, seconds, method)
     if r["rps"] is None:
         raise RuntimeError(f"h2load gave no figures at {c} callers")
-    tail = h2load_percentiles(port, frame, c, seconds)
+    tail = h2load_percentiles(port, frame, c, seconds, method)
     return {"concurrency": c, "rows_s": r["rps"], "mean_ms": r["mean_ms"], "p50_ms": tail["p50_ms"],
             "p99_ms": tail["p99_ms"], "failed": r["failed"]}  # fmt: skip
 
@@ -204,8 +204,15 @@ async def aio_level(port: int, method: str, payload: bytes, c: int, seconds: flo
             "failed": len(errors), "first_error": errors[0] if errors else None}  # fmt: skip
 
 
-def classify_levels(port: int, levels: list[int], seconds: int, emit) -> dict:
-    """servex's Classify on wide_deep's ``classify`` signature, one example per request."""
+def frame_file(path: Path, payload: bytes) -> Path:
+    """``payload`` as a gRPC message frame in ``path``, for h2load."""
+    path.write_bytes(b"\0" + struct.pack(">I", len(payload)) + payload)
+    return path
+
+
+def classify_levels(port: int, levels: list[int], seconds: int, emit, work: Path) -> dict:
+    """servex's Classify on wide_deep's ``classify`` signature, one example per request: through h2load as the
+    other models, then 1 caller through grpcio's client."""
     from tensorflow_serving.apis import classification_pb2, prediction_service_pb2_grpc
 
     request = classification_pb2.ClassificationRequest()
@@ -218,7 +225,14 @@ def classify_levels(port: int, levels: list[int], seconds: int, emit) -> dict:
             if len(answer.result.classifications) != 1 or not answer.result.classifications[0].classes:
                 raise RuntimeError(f"Classify answered no class scores: {answer}")
     payload = request.SerializeToString()
-    return {"levels": {c: emit(asyncio.run(aio_level(port, CLASSIFY_METHOD, payload, c, seconds))) for c in levels}}
+    frame = frame_file(work / f"{CLASSIFY}.grpc", payload)
+    out = {c: emit({**h2load_level(port, frame, c, seconds, CLASSIFY_METHOD), "seconds": seconds}) for c in levels}
+    one = emit({**asyncio.run(aio_level(port, CLASSIFY_METHOD, payload, levels[0], seconds)), "client": "grpcio"})
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:  # still answering after the load
+        answer = prediction_service_pb2_grpc.PredictionServiceStub(channel).Classify(request, timeout=120)
+        if len(answer.result.classifications) != 1 or not answer.result.classifications[0].classes:
+            raise RuntimeError(f"Classify answered no class scores after the load: {answer}")
+    return {"levels": out, "grpc_one_ms": None if one["failed"] else one["mean_ms"]}
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -233,9 +247,9 @@ def stop(proc: subprocess.Popen) -> None:
 
 def serve(server: str, model: str, base: Path, a, levels: list[int], emit, work: Path) -> dict[str, dict]:
     """One server on one model: {model: result} (servex on wide_deep adds wide_deep_classify)."""
-    port, request, frame = free_port(), infer_request(model), work / f"{model}.grpc"
+    port, request = free_port(), infer_request(model)
     payload = request.SerializeToString()
-    frame.write_bytes(b"\0" + struct.pack(">I", len(payload)) + payload)  # a gRPC message frame, for h2load
+    frame = frame_file(work / f"{model}.grpc", payload)
     log, proc, results, t0 = open(work / f"{server}-{model}.log", "wb"), None, {}, time.monotonic()
     try:
         proc = subprocess.Popen(command(server, model, base, port, a), cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
@@ -254,7 +268,7 @@ def serve(server: str, model: str, base: Path, a, levels: list[int], emit, work:
         results[model] = {"levels": levels_out, "grpc_one_ms": None if one["failed"] else one["mean_ms"]}
         if server == "servex" and model == "wide_deep":
             try:
-                results[CLASSIFY] = classify_levels(port, levels, a.seconds, lambda r: emit(r, model=CLASSIFY))
+                results[CLASSIFY] = classify_levels(port, levels, a.seconds, lambda r: emit(r, model=CLASSIFY), work)
             except Exception as e:
                 results[CLASSIFY] = {"error": str(e)[:300]}
     except Exception as e:

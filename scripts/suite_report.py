@@ -111,7 +111,7 @@ def markdown(summary: dict, levels: list[int], a, elapsed: float) -> str:
         " requests per caller); figures and ratios are medians over rounds.",
         "- Servers: KServe v2 ModelInfer through h2load (p50/p99 from its per-request log), and at 1 caller also"
         " through grpcio's client (grpc.aio, the request serialized once); wide_deep_classify:"
-        " TensorFlow Serving Classify from a Python grpc.aio client, which takes more of the CPUs than h2load.",
+        " TensorFlow Serving Classify (one serialized tf.Example a request), the same way.",
         "- Requests carry one row (batch 1); rows/s of the servers is requests/s. In-process: mean batch-1 latency,"
         " and the limit: the best rows/s over batches of 1..32, each batch's median over 3 passes in turns (the batch"
         " that gave it in brackets).",
