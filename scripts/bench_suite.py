@@ -218,20 +218,21 @@ def classify_levels(port: int, levels: list[int], seconds: int, emit, work: Path
     request = classification_pb2.ClassificationRequest()
     request.model_spec.name, request.model_spec.signature_name = "wide_deep", "classify"
     fill_example(request.input.example_list.examples.add(), np.random.default_rng(0))
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
-        for _ in range(3):
-            answer = stub.Classify(request, timeout=120)
-            if len(answer.result.classifications) != 1 or not answer.result.classifications[0].classes:
-                raise RuntimeError(f"Classify answered no class scores: {answer}")
+
+    def check(calls: int) -> None:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+            for _ in range(calls):
+                answer = stub.Classify(request, timeout=120)
+                if len(answer.result.classifications) != 1 or not answer.result.classifications[0].classes:
+                    raise RuntimeError(f"Classify answered no class scores: {answer}")
+
+    check(3)
     payload = request.SerializeToString()
     frame = frame_file(work / f"{CLASSIFY}.grpc", payload)
     out = {c: emit({**h2load_level(port, frame, c, seconds, CLASSIFY_METHOD), "seconds": seconds}) for c in levels}
     one = emit({**asyncio.run(aio_level(port, CLASSIFY_METHOD, payload, levels[0], seconds)), "client": "grpcio"})
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:  # still answering after the load
-        answer = prediction_service_pb2_grpc.PredictionServiceStub(channel).Classify(request, timeout=120)
-        if len(answer.result.classifications) != 1 or not answer.result.classifications[0].classes:
-            raise RuntimeError(f"Classify answered no class scores after the load: {answer}")
+    check(1)  # still answering after the load
     return {"levels": out, "grpc_one_ms": None if one["failed"] else one["mean_ms"]}
 
 

@@ -148,9 +148,6 @@ def test_a_graph_that_changes_state_never_tries_a_second_session(testdata, monke
         model.close()
 
 
-# -- what the executor rejects ------------------------------------------------------------------------------
-
-
 def test_a_pool_not_made_for_want_of_memory_refuses_no_call(half, monkeypatch):
     # Under a memory limit with no room left, the pooled callable (a trial's) is not made: the run goes on its
     # worker, answered, and the refusal is counted as a trial's, not as a build's.
@@ -175,3 +172,6 @@ def test_a_pool_not_made_for_want_of_memory_refuses_no_call(half, monkeypatch):
         MEMORY.configure(0, "")
     assert POOL not in graph._made and POOL not in graph._makers and not graph._chooser.may_try(POOL, 0.0)
     assert refused("trial") == trials + 1 and refused("build") == builds
+
+
+# -- what the executor rejects ------------------------------------------------------------------------------

@@ -120,8 +120,8 @@ def test_a_flood_past_the_memory_limit_is_answered_and_the_daemon_lives(tile_mod
             if cgroup is not None:
                 assert cgroup.oom_kills() == 0
             assert metric(daemon, "servex_memory_limit_bytes") == LIMIT
-            # Each refusal the daemon counted answered a call, but the trials it skipped (a faster way to run the
-            # graph, not tried for want of memory: no call is refused for them).
+            # Every refusal the daemon counted answered a call, but for its trials (a faster way to run the graph,
+            # not tried for want of memory), which refuse no call.
             refused = metric(daemon, "servex_memory_refused_total")
             assert refused - metric(daemon, "servex_memory_refused_total", what="trial") == codes["RESOURCE_EXHAUSTED"]
 
