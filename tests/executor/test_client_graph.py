@@ -3,6 +3,8 @@ on its run worker, or (runs alone of a compute-bound graph, where faster) Tensor
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import tensorflow as tf
 
@@ -11,6 +13,7 @@ from servex.executor.thread_modes import ONE_THREAD, POOL, WORKER
 from servex.loader import load_saved_model
 from servex.loader.one_thread import PER_SESSION_POOLS
 from tests.conftest import COUNTER, HALF_PLUS_TWO_TF1
+from tests.support.daemon import wait_for
 
 TWO_THREADS = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=2, inter_op_parallelism_threads=2)
 
@@ -122,14 +125,44 @@ def test_a_graph_that_keeps_one_thread_runs_there_alone_and_under_load(testdata,
         assert model.one_thread._users == 2
         other._chooser.mode = WORKER
         other._settle(WORKER)
-        assert model.one_thread._users == 1 and ONE_THREAD not in other._made
+        assert ONE_THREAD not in other._made
+        wait_for(lambda: model.one_thread._users == 1, what="the other graph's share given back")
         graph._settle(ONE_THREAD)  # kept
         assert model.one_thread._users == 1 and len(model.variables._sessions) == 2
         graph._made[ONE_THREAD] = made
         graph._release = model.one_thread.release
         graph._settle(WORKER)  # as if it had chosen otherwise: the last user, so the session closes
-        assert model.one_thread._session is None and model.variables._sessions == [model.session]
+        wait_for(lambda: model.one_thread._session is None, what="the session closed")
+        assert model.variables._sessions == [model.session]
         np.testing.assert_array_equal(executor.run({"x:0": X}, ["y:0"])[0], Y)  # on its worker again
+    finally:
+        model.close()
+
+
+def test_a_session_given_back_closes_off_the_settling_thread_and_outside_the_gate(testdata, monkeypatch):
+    # Closing a second session takes tens of milliseconds (DenseNet-121's one-thread session 57 ms): neither the
+    # run whose trial settled the mode (on its worker) nor the graph's next runs (held by the gate) wait for it.
+    monkeypatch.setenv(PER_SESSION_POOLS, "1")
+    model = load_saved_model(str(HALF_PLUS_TWO_TF1 / "00000123"), session_config=TWO_THREADS)
+    try:
+        executor = GraphExecutor(model)
+        graph = executor.client_graph(["x:0"], ["y:0"])
+        graph._mode_callable(ONE_THREAD)
+        graph._making[ONE_THREAD].result(timeout=30)
+        release, seen = graph._releases[ONE_THREAD], []
+
+        def watched() -> None:
+            seen.append((threading.current_thread(), graph._gate._writing))
+            release()
+
+        graph._releases[ONE_THREAD] = watched
+        graph._chooser.mode = WORKER
+        graph._settle(WORKER)
+        assert ONE_THREAD not in graph._made  # let go at once: no run takes it again
+        wait_for(lambda: model.one_thread._session is None, what="the session closed")
+        ((thread, gated),) = seen
+        assert thread is not threading.current_thread() and not gated
+        np.testing.assert_array_equal(executor.run({"x:0": X}, ["y:0"])[0], Y)  # on its worker
     finally:
         model.close()
 
