@@ -280,7 +280,7 @@ def _let_go(held: list, release: Callable[[], None] | None = None) -> None:
     """On the prepare pool, off the requests' path: the callables in ``held`` go (TensorFlow frees their executors
     then), then ``release`` gives back their session's share (the last share closes it). Done on the worker whose run
     settled a trial, this held that request: DenseNet-121's one-thread callable and session took 60-70 ms to go,
-    the pool's callable 8 ms (its settling call 142-157 ms, against 60-70 for the others)."""
+    the pool's callable 8 ms (that call 137-157 ms, against 60-80 for the others)."""
     held.clear()
     if release is not None:
         release()

@@ -21,6 +21,12 @@ X = np.array([[1], [2], [5]], np.float32)
 Y = np.array([[2.5], [3.0], [4.5]], np.float32)  # 0.5x + 2
 
 
+def per_session_model(monkeypatch, path=HALF_PLUS_TWO_TF1):
+    """The model on two threads, each session owning its pool: a client graph may try a one-thread session."""
+    monkeypatch.setenv(PER_SESSION_POOLS, "1")
+    return load_saved_model(str(path / "00000123"), session_config=TWO_THREADS)
+
+
 def test_loaded_client_graph_describes_itself(half):
     executor = GraphExecutor(half)
     graph = executor.client_graph(["x2:0", "x:0"], ["y:0", "y3:0", "y:0"])
@@ -102,8 +108,7 @@ def test_the_pooled_callable_is_never_made_where_the_first_run_kept_the_cores_ov
 def test_a_graph_that_keeps_one_thread_runs_there_alone_and_under_load(testdata, monkeypatch):
     # As where its lone runs were found faster with one intra-op thread: every run goes in the version's second
     # session, with the same answers; a graph that chose another mode gives the session back, and it closes.
-    monkeypatch.setenv(PER_SESSION_POOLS, "1")
-    model = load_saved_model(str(HALF_PLUS_TWO_TF1 / "00000123"), session_config=TWO_THREADS)
+    model = per_session_model(monkeypatch)
     try:
         executor = GraphExecutor(model)
         graph = executor.client_graph(["x:0"], ["y:0"])
@@ -130,7 +135,6 @@ def test_a_graph_that_keeps_one_thread_runs_there_alone_and_under_load(testdata,
         graph._settle(ONE_THREAD)  # kept
         assert model.one_thread._users == 1 and len(model.variables._sessions) == 2
         graph._made[ONE_THREAD] = made
-        graph._release = model.one_thread.release
         graph._settle(WORKER)  # as if it had chosen otherwise: the last user, so the session closes
         wait_for(lambda: model.one_thread._session is None, what="the session closed")
         assert model.variables._sessions == [model.session]
@@ -142,8 +146,7 @@ def test_a_graph_that_keeps_one_thread_runs_there_alone_and_under_load(testdata,
 def test_a_session_given_back_closes_off_the_settling_thread_and_outside_the_gate(testdata, monkeypatch):
     # Closing a second session takes tens of milliseconds (DenseNet-121's one-thread session 57 ms): neither the
     # run whose trial settled the mode (on its worker) nor the graph's next runs (held by the gate) wait for it.
-    monkeypatch.setenv(PER_SESSION_POOLS, "1")
-    model = load_saved_model(str(HALF_PLUS_TWO_TF1 / "00000123"), session_config=TWO_THREADS)
+    model = per_session_model(monkeypatch)
     try:
         executor = GraphExecutor(model)
         graph = executor.client_graph(["x:0"], ["y:0"])
@@ -169,8 +172,7 @@ def test_a_session_given_back_closes_off_the_settling_thread_and_outside_the_gat
 
 def test_a_graph_that_changes_state_never_tries_a_second_session(testdata, monkeypatch):
     # Its runs change the version's state (a counter): a second session would hold another counter.
-    monkeypatch.setenv(PER_SESSION_POOLS, "1")
-    model = load_saved_model(str(COUNTER / "00000123"), session_config=TWO_THREADS)
+    model = per_session_model(monkeypatch, COUNTER)
     try:
         executor = GraphExecutor(model)
         incr = model.signatures["incr_counter"].outputs["output"].name
