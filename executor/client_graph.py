@@ -93,7 +93,8 @@ class LoadedClientGraph:
     def run(self, sorted_feeds: Sequence[np.ndarray], alone: bool = True) -> list[np.ndarray]:
         """Run with feed values in ``feeds`` order; returns fetches in ``fetch_names`` order, each an ndarray.
         ``alone``: no other run of the graph goes and nothing of it waits; a run under load goes on its worker, or
-        in the one-thread session or as XLA's program, where its lone runs were found faster there."""
+        in the one-thread session or as XLA's program, where its lone runs were found faster there (a graph whose
+        lone runs keep the pool: in the one-thread session, where that beat its worker)."""
         chooser = self._chooser
         _RAN.one_thread = _RAN.compiled = False
         if chooser is None:
@@ -118,6 +119,9 @@ class LoadedClientGraph:
             return results
         if mode == POOL and alone:
             return self._run(self._made[POOL], sorted_feeds)
+        if mode == POOL and chooser.under_load == ONE_THREAD:
+            results, _RAN.one_thread = self._run_one_thread(sorted_feeds)
+            return results
         return self._run(self._callable, sorted_feeds)
 
     def _trial(self, chooser: ThreadModeChooser, sorted_feeds: Sequence[np.ndarray]) -> list[np.ndarray]:

@@ -22,9 +22,10 @@ batch-size bucket were seen (after ``WARM``), then keeps the fastest, another th
 every model measured (one process, both callables warm, run in turns, medians): DenseNet-121 51.6 ms an image on the
 pool against 53.5 on its worker, ResNet-50 53.0 and 54.0, EfficientNetB0 24.5 and 25.0, MobileNetV2 16.7 and 16.6, the
 encoder 10.8 and 10.4, a GRU 3.1 and 3.1; the pool is for graphs with independent branches on more cores than one op's
-shards keep busy. Runs under load go on their worker (or in the one-thread session, or as XLA's programs, where chosen:
-client_graph.py): the pool's parallel ops fill cores a run alone leaves idle, but under load other runs and the calls
-fill them (at 32 callers on 2 cores the pool served a GRU 1,412-1,508 sequences/s against 1,425-1,717 on its worker).
+shards keep busy. Runs under load go on their worker (or in the one-thread session, or as XLA's programs, where chosen;
+a graph that keeps the pool or XLA's programs, in the one-thread session where it beat the worker: client_graph.py): the
+pool's parallel ops fill cores a run alone leaves idle, but under load other runs and the calls fill them (at 32 callers
+on 2 cores the pool served a GRU 1,412-1,508 sequences/s against 1,425-1,717 on its worker).
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ class ThreadModeChooser:
         self._busy: list[float] = []  # cores a lone run on its worker kept busy
         self.busy_cores: float | None = None  # the most of them, once measured
         self.mode: str | None = None  # None: not decided yet
-        self.under_load = WORKER  # where runs without an XLA program go, once ``mode`` is XLA
+        self.under_load = WORKER  # where runs under load go once ``mode`` is the pool or XLA (without a program)
         self._samples: dict[tuple[int, str], list[float]] = {}
         self._worker_runs: dict[int, list[float]] = {}  # per bucket, its worker's runs a row (warm runs too)
         self._warm = dict.fromkeys([WORKER, *modes], 0)  # runs of each mode so far, up to WARM
@@ -235,10 +236,14 @@ class ThreadModeChooser:
         if medians[best] >= medians[WORKER] * (1 - self.GAINS.get(best, self.GAIN)):
             best = WORKER  # a tie stays on the worker, which hands nothing over and holds no second session
         self.mode = best
-        # Runs whose shapes have no XLA program yet (a batch's size, before it is compiled for) go in the one-thread
-        # session where it beat the worker (two one-thread runs at once served the encoder more than two of two).
+        # Runs under load go in the one-thread session, several at once (lanes), where it beat the worker, whichever
+        # mode the lone runs keep: XLA's (for runs whose shapes have no program yet: a batch's size, before it is
+        # compiled for) or the pool's, which only fills cores a run alone leaves idle. Two one-thread runs at once
+        # served the encoder more than two of two; on an AMD EPYC host MobileNetV2's trial read 17.2 ms a row on the
+        # pool, 17.8 on one thread and 19.3 on its worker, and its batches under load on its worker served 60 images/s
+        # at 32 callers, where lanes served 99-111.
         one = medians.get(ONE_THREAD)
-        if best == XLA and one is not None and one < medians[WORKER] * (1 - self.GAIN):
+        if best in (XLA, POOL) and one is not None and one < medians[WORKER] * (1 - self.GAIN):
             self.under_load = ONE_THREAD
         shown = [f"{1000 * medians[best]:.1f} ms a row there"]
         others = ", ".join(f"{1000 * s:.1f} ms on {_WHERE[m]}" for m, s in medians.items() if m != best)

@@ -143,6 +143,28 @@ def test_a_graph_that_keeps_one_thread_runs_there_alone_and_under_load(testdata,
         model.close()
 
 
+def test_a_graph_on_the_pool_alone_runs_under_load_on_one_thread_where_that_beat_its_worker(testdata, monkeypatch):
+    # As where its lone runs were fastest on the pool and one thread beat its worker: alone on the pool, under load
+    # in the one-thread session, which is kept; the same answers everywhere.
+    model = per_session_model(monkeypatch)
+    try:
+        executor = GraphExecutor(model)
+        graph = executor.client_graph(["x:0"], ["y:0"])
+        graph._mode_callable(ONE_THREAD)
+        graph._making[ONE_THREAD].result(timeout=30)
+        pooled, one, calls = graph._makers[POOL](), graph._made[ONE_THREAD], []
+        graph._made[POOL] = lambda *feeds: calls.append(POOL) or pooled(*feeds)
+        graph._made[ONE_THREAD] = lambda *feeds: calls.append(ONE_THREAD) or one(*feeds)
+        graph._chooser.mode, graph._chooser.under_load = POOL, ONE_THREAD
+        graph._settle(POOL)
+        for alone in (True, False, True):
+            np.testing.assert_array_equal(executor.run({"x:0": X}, ["y:0"], alone=alone)[0], Y)
+        assert calls == [POOL, ONE_THREAD, POOL]
+        assert ONE_THREAD in graph._made and model.one_thread._users == 1  # not given back
+    finally:
+        model.close()
+
+
 def test_a_session_given_back_closes_off_the_settling_thread_and_outside_the_gate(testdata, monkeypatch):
     # Closing a second session takes tens of milliseconds (DenseNet-121's one-thread session 57 ms): neither the
     # run whose trial settled the mode (on its worker) nor the graph's next runs (held by the gate) wait for it.

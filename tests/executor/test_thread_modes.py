@@ -22,6 +22,14 @@ def chosen(
 ) -> tuple[str | None, list[str]]:
     """Run a ThreadModeChooser of ``seconds``' modes to its decision on fixed run times, its worker's runs keeping
     ``busy`` of ``cores`` cores busy (None: not known); its choice and the modes it tried, in order."""
+    chooser, tried = decided(seconds, rows, busy, cores, ungated)
+    return chooser.mode, tried
+
+
+def decided(
+    seconds: dict[str, float], rows: int = 1, busy: float = 1.2, cores: int | None = None, ungated=()
+) -> tuple[ThreadModeChooser, list[str]]:
+    """``chosen``'s chooser once decided, and the modes it tried."""
     chooser = ThreadModeChooser("g", tuple(seconds), cores, ungated=ungated)
     tried = []
     for _ in range(2 * chooser.runs):
@@ -30,7 +38,7 @@ def chosen(
         mode = chooser.pick()
         tried.append(mode)
         chooser.record(mode, rows, seconds[mode], busy if mode == WORKER else None)
-    return chooser.mode, tried
+    return chooser, tried
 
 
 def test_a_small_graph_stays_on_its_worker_after_one_run():
@@ -76,6 +84,21 @@ def test_the_pool_is_tried_only_where_the_workers_runs_leave_cores_idle():
     # The line is a share of the cores: on 16, a run that keeps 8 busy leaves room for the pool's branches.
     assert chosen({WORKER: 0.054, POOL: 0.040}, busy=8.0, cores=16)[0] == POOL
     assert chosen({WORKER: 0.054, POOL: 0.040}, busy=POOL_BUSY_SHARE * 16 + 0.1, cores=16)[0] == WORKER
+
+
+def test_runs_under_load_go_on_one_thread_where_it_beat_the_worker_whichever_mode_runs_alone():
+    # MobileNetV2-like on one host: the pool a little faster alone than one thread, both faster than the worker.
+    # Alone its runs take the pool; under load one thread each, several at once (lanes).
+    chooser, _ = decided({WORKER: 0.0193, POOL: 0.0172, ONE_THREAD: 0.0178})
+    assert (chooser.mode, chooser.under_load) == (POOL, ONE_THREAD)
+    chooser, _ = decided({WORKER: 0.0193, XLA: 0.012, ONE_THREAD: 0.0178}, ungated=(XLA,))
+    assert (chooser.mode, chooser.under_load) == (XLA, ONE_THREAD)
+    # One thread within its gain of the worker: under load on the worker, as the runs alone of a graph that kept it.
+    for seconds in ({WORKER: 0.0185, POOL: 0.0172, ONE_THREAD: 0.0178}, {WORKER: 0.0193, POOL: 0.0172}):
+        chooser, _ = decided(seconds)
+        assert (chooser.mode, chooser.under_load) == (POOL, WORKER)
+    chooser, _ = decided({WORKER: 0.0193, POOL: 0.0190, ONE_THREAD: 0.0160})
+    assert chooser.mode == ONE_THREAD
 
 
 def test_another_mode_must_save_its_gain():
