@@ -25,7 +25,8 @@ time divided by two is less than the same run's alone), and from their medians c
   batches of 16-32 on 2 cores. Where the curve was not seen ``KNEE_SPAN`` buckets beyond the knee (it may still
   fall beyond the largest batch seen), the limit grows to the bucket beyond the largest seen, at once, a bucket at
   a time: one-row runs seen, batches of up to 3 rows; then up to 7; and so on, each judged at its
-  ``MIN_SAMPLES``-th run. While it grows into the rows queued, no trial of runs at once begins. Once a knee is chosen,
+  ``MIN_SAMPLES``-th run. While it grows into the graph's rows (queued, or in its other runs), no trial of runs at
+  once begins. Once a knee is chosen,
   every ``EXPLORE_EVERY``-th batch may take the next bucket up (every other time the one beyond), so that a curve
   that changes (another input size, another load on the machine) is seen again. Another limit is taken once
   ``CONFIRMATIONS`` decisions in a row proposed it (growing beyond the largest batch seen, at once, and falling
@@ -226,9 +227,11 @@ class GraphCost:
                 self._loads.append(load)
             tried = None
             if self.choice.compute_bound:  # how many of its runs go at once: learned by trial (runs_at_once.py)
-                # No trial begins while the limit still grows into the rows queued: its phases would run other
-                # batch sizes, and it held ResNet-50's limit at 3 rows for the first 10 s at 32 callers.
-                climbing = self._growing and waiting > self.choice.batch_limit
+                # No trial begins while the limit still grows into the graph's rows (those queued, and those of its
+                # other runs): its phases would run other batch sizes, and it held ResNet-50's limit at 3 rows for the
+                # first 10 s at 32 callers. Not only the rows queued: of two runs at once at 32 callers, one takes the
+                # limit's 15 rows and the other the 2 left, and the queued rows alone let a trial begin at that one.
+                climbing = self._growing and max(waiting, load) > self.choice.batch_limit
                 tried = self.runs.observe(rows, max(waiting, rows), ended - seconds, ended, self.running, climbing)
                 self.concurrency = self._at_once(self.runs.now)
             # A bucket the limit grew into is judged at its first measure: its MIN_SAMPLES-th run, not the next

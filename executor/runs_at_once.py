@@ -17,12 +17,12 @@ A graph that the other count serves worse spends one phase in it. A phase counts
 (a run that spans two phases counted in each for its share of its time there), after its first ``SETTLE`` runs
 (the other count's runs still end, the queue and the batches adapt).
 
-A trial is made once the graph is busy (the median load of its last runs, a run's rows and the rows left queued
-when it took them, is 2 or more rows) and its batch limit no longer grows into the rows queued (cost_model.py: the
-trial's phases would run batches of other sizes), again when the rows it delivers a second rose by ``MOVE`` since
-the last trial (more callers: larger batches, which may change the best count), and in any case after ``AGAIN``
-times the last trial's length. No trial where it would last over ``TRIAL_MOST_SECONDS`` (long runs, whose large ops are
-those that two runs at once serve best, and where a trial would span most of a load's change): they keep
+A trial is made once the graph is busy (the median load of its last runs, a run's rows and the rows left queued when it
+took them, is 2 or more rows) and its batch limit no longer grows into its rows, queued or in its other runs
+(cost_model.py: the trial's phases would run batches of other sizes), again when the rows it delivers a second rose by
+``MOVE`` since the last trial (more callers: larger batches, which may change the best count), and in any case after
+``AGAIN`` times the last trial's length. No trial where it would last over ``TRIAL_MOST_SECONDS`` (long runs, whose
+large ops are those that two runs at once serve best, and where a trial would span most of a load's change): they keep
 ``most``.
 """
 

@@ -322,19 +322,30 @@ def test_no_trial_of_runs_at_once_begins_while_the_limit_grows_into_the_rows_que
     t = 0.0
     falling = lambda rows: 0.05 * rows**0.5  # noqa: E731
 
-    def run(rows: int, waiting: int) -> None:
+    def run(rows: int, waiting: int, load: int = 32) -> None:
         nonlocal t
         t += falling(rows)
-        cost.observe(rows, falling(rows), at_once=2, waiting=waiting, ended=t, load=32)
+        cost.observe(rows, falling(rows), at_once=2, waiting=waiting, ended=t, load=load)
 
     for n in range(40):
         run(1 if n < 3 else min(cost.choice.batch_limit, 30), 30)  # its first: one request alone
         assert not cost.runs.trying or cost.choice.batch_limit >= 30
     assert cost.choice.batch_limit == 32 and cost.choice.compute_bound
+    # Nor where the other run holds the rows: of two runs at once at 32 callers, one takes the limit's rows, the
+    # other the few left (2 queued, its load the other run's rows and its own).
+    cost = GraphCost(max_batch_size=32, workers=1, compute_runs=2)
+    for n in range(60):
+        limit = cost.choice.batch_limit
+        if n < 3 or n % 2:
+            run(1 if n < 3 else min(limit, 30), 30)
+        else:
+            run(2, 2, load=2 + min(limit, 30))
+        assert not cost.runs.trying or cost.choice.batch_limit >= 30
+    assert cost.choice.batch_limit == 32
     # Where the batches no longer fill up to the limit (the load, not the limit, sets their size), trials go on.
     cost = GraphCost(max_batch_size=32, workers=1, compute_runs=2)
     for n in range(40):
-        run(1 if n < 3 else min(cost.choice.batch_limit, 2), 2)
+        run(1 if n < 3 else min(cost.choice.batch_limit, 2), 2, load=4)
     assert cost.choice.batch_limit == 7 and cost.runs.trying
 
 
