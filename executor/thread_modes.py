@@ -96,11 +96,11 @@ class ThreadModeChooser:
     TRIALS = 5
     GAIN = 0.05
     # XLA's program is kept only where it saves far more: under load each batch size it meets is compiled for (0.2-5
-    # s of a core beside the requests), and at a load's batch sizes it saves less than at one row (in process on one
-    # thread: a GRU 62% at 1 row, 25-40% at 8-32; the encoder 7% worse at 1, 17% worse to 12% better at 8-32). The
-    # GRU's lone runs saved 50-76% in every trial; the encoder's, chosen at 6% (inside the host's noise) and on an AMD
-    # EPYC host at 27% (6.9 ms a row against 9.5 on its worker), then compiled 7 batch sizes at 32 callers (1.3-2.7 s
-    # of a core each) while that level served 123 rows/s, against 286 in TensorFlow's kernels.
+    # s of a core beside the requests), and at a load's batch sizes it saves less than at one row (scripts/bench_xla.py,
+    # two runs: a GRU 56-62% at 1 row, 19-40% at 8-32; the encoder -8% to 6% at 1, -17% to 13% at 8-32). The GRU's
+    # lone runs saved 50-76% in every trial; the encoder's, chosen at 6% (inside the host's noise) and on an AMD EPYC
+    # host at 27% (6.9 ms a row against 9.5 on its worker), then compiled 7 batch sizes at 32 callers (1.3-2.7 s of a
+    # core each) while that level served 123 rows/s, against 286 in TensorFlow's kernels.
     GAINS = {XLA: 0.4}
 
     def __init__(
